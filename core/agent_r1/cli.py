@@ -1,0 +1,283 @@
+"""The ``agent-r1`` command line.
+
+Built-in commands import their heavy dependencies (torch, transformers) only when they run, and
+``agent-r1 --help`` never loads plugins: plugin commands (``register_commands``) are looked up only
+when the command line names a subcommand that is not built in.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from agent_r1.errors import AgentR1Error
+
+
+class _LazyPluginGroup(TyperGroup):
+    """A click group that falls back to plugin-provided commands for unknown names."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        return plugin_commands().get(cmd_name)
+
+
+def plugin_commands() -> dict[str, click.Command]:
+    """Commands contributed by plugins through ``register_commands`` (loads plugins)."""
+    from agent_r1.registry import get_registry
+
+    registry = get_registry()
+    registry.load()
+    commands: dict[str, click.Command] = {}
+    for impl in reversed(registry.pm.hook.register_commands.get_hookimpls()):
+        try:
+            returned = impl.function() or []
+        except Exception as exc:
+            warnings.warn(f"register_commands of plugin {impl.plugin_name!r} raised {exc!r}", stacklevel=2)
+            continue
+        for item in returned:
+            command = typer.main.get_command(item) if isinstance(item, typer.Typer) else item
+            if isinstance(command, click.Command) and command.name:
+                commands[command.name] = command
+    return commands
+
+
+app = typer.Typer(
+    cls=_LazyPluginGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="End-to-end reinforcement learning for LLM agents that act over many turns with tools.",
+    epilog="Plugins may add commands; `agent-r1 plugins list` shows what is installed.",
+)
+plugins_app = typer.Typer(no_args_is_help=True, help="Inspect installed plugins.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
+models_app = typer.Typer(no_args_is_help=True, help="Prepare bundled offline models.")
+app.add_typer(plugins_app, name="plugins")
+app.add_typer(config_app, name="config")
+app.add_typer(models_app, name="models")
+
+OverridesArg = typer.Argument(None, help="dotlist overrides such as algorithm.name=rloo rollout.max_turns=4")
+
+
+def _fail(exc: BaseException) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+# --------------------------------------------------------------------------------------------
+# plugins
+# --------------------------------------------------------------------------------------------
+
+
+@plugins_app.command("list")
+def plugins_list(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """List installed plugins: distribution, version, entry point and components per kind."""
+    from agent_r1.registry import PluginLoadWarning, get_registry
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginLoadWarning)
+        infos = get_registry().plugins()
+    if as_json:
+        typer.echo(json.dumps([info.as_dict() for info in infos], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="agent-r1 plugins")
+    for column in ("plugin", "distribution", "status", "components"):
+        table.add_column(column)
+    for info in infos:
+        components = "\n".join(
+            f"{kind}: {', '.join(sorted(names))}" for kind, names in info.components.items() if names
+        )
+        status = info.status if not info.errors else f"{info.status}\n" + "\n".join(info.errors)
+        table.add_row(info.name, f"{info.distribution} {info.version}\n{info.module}", status, components)
+    Console().print(table)
+
+
+@plugins_app.command("doctor")
+def plugins_doctor() -> None:
+    """Load every plugin and component and explain anything broken. Exit 1 if something is."""
+    from agent_r1.registry import get_registry
+
+    infos = get_registry().doctor()
+    problems = 0
+    for info in infos:
+        if info.status == "disabled":
+            typer.echo(f"- {info.describe()}: disabled by AGENT_R1_LOAD_PLUGINS/AGENT_R1_DISABLE_PLUGINS")
+            continue
+        if info.errors:
+            problems += 1
+            typer.echo(f"✗ {info.describe()}:")
+            for error in info.errors:
+                typer.echo(f"    {error}")
+        else:
+            count = sum(len(v) for v in info.components.values())
+            typer.echo(f"✓ {info.describe()}: {count} components")
+    if problems:
+        typer.echo(
+            f"{problems} plugin(s) have problems. Fix or uninstall them, or disable them with "
+            "AGENT_R1_DISABLE_PLUGINS=<plugin>."
+        )
+        raise typer.Exit(1)
+    typer.echo("all plugins OK")
+
+
+# --------------------------------------------------------------------------------------------
+# config
+# --------------------------------------------------------------------------------------------
+
+
+def _load_checked(config_path: str, overrides: list[str] | None) -> tuple[Any, list[Any]]:
+    from agent_r1.config import load_config, validate_components
+
+    config = load_config(config_path, overrides or [])
+    return config, validate_components(config)
+
+
+@config_app.command("show")
+def config_show(
+    config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
+    overrides: list[str] = OverridesArg,
+    as_json: bool = typer.Option(False, "--json", help="print JSON instead of YAML"),
+) -> None:
+    """Print the resolved, validated run config with every component's defaults filled in."""
+    import yaml
+
+    from agent_r1.config import resolved_dict
+
+    try:
+        config, components = _load_checked(config_path, overrides)
+    except AgentR1Error as exc:
+        _fail(exc)
+    data = resolved_dict(config, components)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+# --------------------------------------------------------------------------------------------
+# models
+# --------------------------------------------------------------------------------------------
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Bundled model names that work offline."""
+    from agent_r1.engine.models import list_bundled_models
+
+    for name in list_bundled_models():
+        typer.echo(name)
+
+
+@models_app.command("prepare")
+def models_prepare(name: str = typer.Argument("smollm2-135m-instruct")) -> None:
+    """Convert a bundled model into a local fp32 checkpoint (done once, then cached)."""
+    from agent_r1.engine.models import prepare_model
+
+    try:
+        path = prepare_model(name)
+    except AgentR1Error as exc:
+        _fail(exc)
+    typer.echo(str(path))
+
+
+# --------------------------------------------------------------------------------------------
+# train / demo / rollout / eval
+# --------------------------------------------------------------------------------------------
+
+
+@app.command()
+def train(
+    config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
+    overrides: list[str] = OverridesArg,
+    resume: bool = typer.Option(False, "--resume", help="continue from the last good checkpoint"),
+) -> None:
+    """Train a policy as the run config says."""
+    from agent_r1.engine.runner import train as run_train
+
+    try:
+        run_train(config_path, overrides or [], resume=resume)
+    except AgentR1Error as exc:
+        _fail(exc)
+
+
+@app.command()
+def demo(
+    overrides: list[str] = OverridesArg,
+    resume: bool = typer.Option(False, "--resume", help="continue from the last good checkpoint"),
+) -> None:
+    """The main job: train SmolLM2-135M-Instruct with GRPO to use a calculator tool."""
+    from agent_r1.engine.runner import train as run_train
+
+    try:
+        run_train("demo", overrides or [], resume=resume)
+    except AgentR1Error as exc:
+        _fail(exc)
+
+
+@app.command()
+def rollout(
+    config_path: str = typer.Argument(..., help="run config YAML"),
+    overrides: list[str] = OverridesArg,
+    out: Path = typer.Option(..., "--out", help="trajectories JSONL to write"),
+    split: str = typer.Option("train", help="dataset split to draw tasks from"),
+    num_tasks: int = typer.Option(8, help="tasks to roll out (each group_size times)"),
+) -> None:
+    """Collect trajectories with the configured model and environment and save them as JSONL."""
+    from agent_r1.engine.runner import collect
+
+    try:
+        count = collect(config_path, overrides or [], out=out, split=split, num_tasks=num_tasks)
+    except AgentR1Error as exc:
+        _fail(exc)
+    typer.echo(f"wrote {count} trajectories to {out}")
+
+
+@app.command("eval")
+def evaluate(
+    config_path: str = typer.Argument(..., help="run config YAML"),
+    overrides: list[str] = OverridesArg,
+    checkpoint: Path | None = typer.Option(None, help="checkpoint directory to evaluate"),
+    out: Path | None = typer.Option(None, help="directory for eval.json and eval.md"),
+) -> None:
+    """Evaluate a policy on held-out tasks: success/EM/F1, pass@k, tool use, turns."""
+    from agent_r1.engine.runner import evaluate as run_eval
+
+    try:
+        report = run_eval(config_path, overrides or [], checkpoint=checkpoint, out=out)
+    except AgentR1Error as exc:
+        _fail(exc)
+    typer.echo(report.get("markdown", json.dumps(report.get("summary", {}), indent=2)))
+
+
+@app.command()
+def view(path: Path = typer.Argument(..., help="trajectories JSONL"), limit: int = typer.Option(3)) -> None:
+    """Pretty-print trajectories from a JSONL file (tokens coloured by provenance)."""
+    from agent_r1.engine.viewer import show_trajectories
+
+    try:
+        show_trajectories(path, limit=limit)
+    except AgentR1Error as exc:
+        _fail(exc)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console entry point."""
+    return app(args=argv if argv is not None else sys.argv[1:], prog_name="agent-r1")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,395 @@
+"""Run configuration: YAML (omegaconf) + dotlist overrides, validated into a typed :class:`RunConfig`.
+
+Each component section (``environment``, ``data``, ``rewards[i]``, ``algorithm.loss``...) holds a
+``name`` plus that component's own options; :func:`validate_components` looks each name up in the
+registry and validates the options with the component's own ``Config``, before any model loads.
+Errors name the config path, the bad value and, for misspelt keys or names, the closest valid ones.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent_r1.errors import ComponentConflict, ComponentNotFound, ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComponentSpec(BaseModel):
+    """``{name: ..., <options of that component>}``; the options are validated by the component."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="registered component name, or 'plugin:name' to pick a provider")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RewardSpec(ComponentSpec):
+    weight: float = Field(1.0, description="multiplies every signal this shaper emits")
+
+
+class LoraConfig(_Section):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "smollm2-135m-instruct",
+        description="local checkpoint directory, or a bundled model name (see `agent-r1 models`)",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1'...")
+    freeze_embeddings: bool = Field(False, description="keep input embeddings fixed during training")
+    gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None
+    attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'flash_attention_2'")
+
+
+class RolloutConfig(_Section):
+    backend: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="hf"))
+    group_size: int = Field(4, ge=1, description="samples per task (G)")
+    max_turns: int = Field(4, ge=1, description="actions per episode at most")
+    max_new_tokens: int = Field(256, ge=1, description="tokens per action at most")
+    max_context: int = Field(2048, ge=16, description="tokens per trajectory at most (prompt included)")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+
+
+class KLConfig(_Section):
+    coef: float = Field(0.0, ge=0.0, description="beta; 0 loads no reference model at all")
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    placement: Literal["loss", "reward"] = "loss"
+    target: float | None = Field(None, description="adaptive beta aims at this KL per token")
+    horizon: int = Field(10000, ge=1, description="adaptive controller horizon (samples)")
+
+
+class CriticConfig(_Section):
+    kind: Literal["value_head", "separate"] = Field(
+        "value_head", description="value head on the policy backbone, or a separate model"
+    )
+    path: str | None = Field(None, description="model for a separate critic (defaults to model.path)")
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float | None = Field(0.2, description="PPO value clipping range; null disables")
+    coef: float = Field(0.5, ge=0, description="value-loss weight when sharing the backbone")
+
+
+class AlgorithmConfig(_Section):
+    name: str = "grpo"
+    estimator: ComponentSpec | None = Field(None, description="override the algorithm's estimator")
+    loss: ComponentSpec | None = Field(None, description="override the algorithm's policy loss")
+    aggregation: (
+        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
+    ) = None
+    kl: KLConfig = Field(default_factory=KLConfig)
+    entropy_coef: float = Field(0.0, ge=0.0)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and refill")
+    max_refill_rounds: int = Field(2, ge=0)
+    mask_truncated: bool = Field(False, description="DAPO: truncated trajectories carry no loss")
+    tis_cap: float | None = Field(None, description="truncated importance sampling cap C (vLLM)")
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(20, ge=0)
+    tasks_per_step: int = Field(4, ge=1)
+    epochs: int = Field(1, ge=1, description="passes over each step's batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward")
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float | None = Field(1.0, gt=0)
+    checkpoint_every: int = Field(10, ge=0, description="0 saves only at the end")
+    keep_checkpoints: int = Field(2, ge=1)
+    max_bad_steps: int = Field(3, ge=1, description="abort after this many non-finite losses in a row")
+    eval_every: int = Field(0, ge=0, description="0 evaluates only before and after training")
+
+
+class EvalConfig(_Section):
+    split: str = "eval"
+    num_tasks: int = Field(64, ge=1)
+    samples: int = Field(1, ge=1, description="samples per task (pass@k uses k <= samples)")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
+    before_training: bool = True
+
+
+class RunConfig(_Section):
+    """The whole run. ``agent-r1 config show`` prints the resolved, validated form."""
+
+    seed: int = 0
+    output_dir: str = "runs/default"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="arithmetic"))
+    environment: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="calculator"))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="answer_match")])
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    trackers: list[ComponentSpec] = Field(default_factory=lambda: [ComponentSpec(name="jsonl")])
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.trainer.micro_batch_size > self.trainer.tasks_per_step * self.rollout.group_size:
+            self.trainer.micro_batch_size = self.trainer.tasks_per_step * self.rollout.group_size
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# Error messages
+# --------------------------------------------------------------------------------------------
+
+
+def _loc_to_path(loc: Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _model_at(model: type[BaseModel] | None, loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """Follow ``loc`` through nested pydantic models (lists and optionals included)."""
+    import typing
+
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        current = None
+        for candidate in [annotation, *typing.get_args(annotation)]:
+            for inner in [candidate, *typing.get_args(candidate)]:
+                if isinstance(inner, type) and issubclass(inner, BaseModel):
+                    current = inner
+                    break
+            if current is not None:
+                break
+        if current is None:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def validation_error_message(
+    exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None
+) -> str:
+    """Turn a pydantic error into lines ``path: problem (got value). Did you mean ...?``."""
+    lines = []
+    for error in exc.errors():
+        loc = list(error.get("loc", ()))
+        path = _loc_to_path(loc)
+        where = f"{prefix}: {path}" if prefix and path else (prefix or path or "<root>")
+        value = error.get("input")
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(model, loc[:-1]) if model is not None else None
+            known = sorted(parent.model_fields) if parent is not None else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.5)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            valid = f" Valid keys: {', '.join(known)}." if known else ""
+            lines.append(f"{where}: unknown key {str(loc[-1])!r}.{hint}{valid}")
+        else:
+            shown = repr(value)
+            if len(shown) > 80:
+                shown = shown[:77] + "..."
+            lines.append(f"{where}: {error['msg']} (got {shown})")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+BUNDLED_CONFIGS = ("demo", "demo_fast", "search_example")
+
+
+def bundled_config_path(name: str) -> Path | None:
+    """Path of a config that ships with agent-r1 (``demo``...), or ``None``."""
+    candidate = resources.files("agent_r1") / "configs" / f"{name}.yaml"
+    return Path(str(candidate)) if candidate.is_file() else None
+
+
+def _parse_override(override: str) -> tuple[str, Any]:
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(
+            f"bad override {override!r}: expected KEY=VALUE with a dotted key, e.g. rollout.max_turns=4",
+            path=key or None,
+        )
+    if key.startswith("+"):
+        key = key[1:]
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"bad override {override!r}: cannot parse value {raw!r}: {exc}", path=key) from None
+    return key, value
+
+
+def load_raw_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """YAML file (or bundled name) merged with dotlist overrides, as plain data (not validated)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    # Seeding with the defaults lets overrides address keys and list items the file leaves out.
+    base = OmegaConf.create(RunConfig().model_dump(mode="json"))
+    if path is not None:
+        file = Path(path)
+        if not file.exists():
+            bundled = bundled_config_path(str(path))
+            if bundled is None:
+                bundled_names = ", ".join(BUNDLED_CONFIGS)
+                raise ConfigError(f"config file {str(path)!r} does not exist (bundled configs: {bundled_names})")
+            file = bundled
+        try:
+            loaded = OmegaConf.load(file)
+        except (OmegaConfBaseException, yaml.YAMLError, OSError) as exc:
+            raise ConfigError(f"cannot read config {file}: {exc}") from None
+        if not OmegaConf.is_dict(loaded):
+            raise ConfigError(f"config {file} must be a mapping at the top level")
+        try:
+            base = OmegaConf.merge(base, loaded)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"config {file} does not fit the run config layout: {exc}") from None
+    for override in overrides:
+        key, value = _parse_override(override)
+        try:
+            OmegaConf.update(base, key, value, merge=True, force_add=True)
+        except (OmegaConfBaseException, ValueError, TypeError) as exc:
+            raise ConfigError(f"cannot apply override {override!r}: {exc}", path=key) from None
+    try:
+        data = OmegaConf.to_container(base, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot resolve config interpolation: {exc}") from None
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load, merge and validate a run config (component sections are checked separately)."""
+    data = load_raw_config(path, overrides)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(validation_error_message(exc, model=RunConfig)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Component sections
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResolvedComponent:
+    path: str
+    kind: str
+    name: str
+    cls: type
+    config: Any
+
+
+def component_sections(config: RunConfig) -> list[tuple[str, str, ComponentSpec]]:
+    """``(config path, kind, spec)`` for every component the run names directly."""
+    sections: list[tuple[str, str, ComponentSpec]] = [
+        ("data", "datasets", config.data),
+        ("environment", "environments", config.environment),
+        ("rollout.backend", "rollout_backends", config.rollout.backend),
+        ("algorithm", "algorithms", ComponentSpec(name=config.algorithm.name)),
+    ]
+    if config.algorithm.estimator is not None:
+        sections.append(("algorithm.estimator", "advantage_estimators", config.algorithm.estimator))
+    if config.algorithm.loss is not None:
+        sections.append(("algorithm.loss", "policy_losses", config.algorithm.loss))
+    sections += [(f"rewards[{i}]", "reward_shapers", spec) for i, spec in enumerate(config.rewards)]
+    sections += [(f"trackers[{i}]", "trackers", spec) for i, spec in enumerate(config.trackers)]
+    return sections
+
+
+def _options(spec: ComponentSpec) -> dict[str, Any]:
+    options = spec.options
+    if isinstance(spec, RewardSpec):
+        options.pop("weight", None)
+    return options
+
+
+def validate_components(config: RunConfig, registry: Any = None) -> list[ResolvedComponent]:
+    """Resolve every component name in ``config`` and validate its options, recursively through
+    :meth:`~agent_r1.contracts.Component.requires`. Raises :class:`ConfigError` naming the path."""
+    from agent_r1.registry import KIND_LABELS, get_registry
+
+    registry = registry or get_registry()
+    resolved: list[ResolvedComponent] = []
+    pending: list[tuple[str, str, str, Mapping[str, Any]]] = [
+        (path, kind, spec.name, _options(spec)) for path, kind, spec in component_sections(config)
+    ]
+    while pending:
+        path, kind, name, options = pending.pop(0)
+        try:
+            cls = registry.get(kind, name)
+        except (ComponentNotFound, ComponentConflict) as exc:
+            raise ConfigError(f"{path}.name: {exc}", path=f"{path}.name") from None
+        try:
+            validated = cls.Config.model_validate(dict(options))
+        except ValidationError as exc:
+            label = f"{path} ({KIND_LABELS[kind]} {name!r})"
+            raise ConfigError(
+                validation_error_message(exc, prefix=label, model=cls.Config), path=path
+            ) from None
+        resolved.append(ResolvedComponent(path, kind, name, cls, validated))
+        for i, (sub_kind, sub_name, sub_options) in enumerate(cls.requires(validated)):
+            pending.append((f"{path}<requires {i}>", sub_kind, sub_name, sub_options))
+    return resolved
+
+
+def resolved_dict(config: RunConfig, components: Sequence[ResolvedComponent] = ()) -> dict[str, Any]:
+    """The run config as plain data, with each component section expanded to its full validated
+    options (defaults included)."""
+    data = config.model_dump(mode="json")
+    for component in components:
+        if "<" in component.path:
+            continue
+        full = {"name": component.name, **component.config.model_dump(mode="json")}
+        _set_path(data, component.path, full)
+    return data
+
+
+def _set_path(data: dict[str, Any], path: str, full: dict[str, Any]) -> None:
+    import re
+
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", path) if p]
+    target: Any = data
+    for part in parts[:-1]:
+        target = target[int(part)] if part.isdigit() else target[part]
+    last = parts[-1]
+    if path == "algorithm":
+        return  # the algorithm section holds framework options, not the component's own
+    if last.isdigit():
+        extra = {k: v for k, v in target[int(last)].items() if k == "weight"}
+        target[int(last)] = {**full, **extra}
+    else:
+        target[last] = full

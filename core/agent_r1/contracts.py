@@ -1,0 +1,389 @@
+"""Base classes of every pluggable component.
+
+A component is a class with a ``name`` (unique within its kind) and a pydantic ``Config``. The core
+builds it from the component's section of the run config, which the ``Config`` validates (unknown
+keys are errors). Plugins return these classes from ``register_*`` hooks (see :mod:`agent_r1.hookspecs`).
+
+This module imports no torch: numerical contracts mention tensors only in type hints.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agent_r1.mdp import (
+    Action,
+    FinishReason,
+    Message,
+    Observation,
+    RewardSignal,
+    Task,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+KINDS: tuple[str, ...] = (
+    "tools",
+    "environments",
+    "tool_call_formats",
+    "reward_shapers",
+    "advantage_estimators",
+    "policy_losses",
+    "algorithms",
+    "rollout_backends",
+    "trackers",
+    "datasets",
+)
+"""Component kinds, each with a ``register_<kind>`` hook."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a component came from: the plugin (entry point), its distribution and version."""
+
+    plugin: str
+    distribution: str
+    version: str
+    module: str
+
+    def __str__(self) -> str:
+        return f"{self.plugin} ({self.distribution} {self.version}, module {self.module})"
+
+
+class ComponentConfig(BaseModel):
+    """Base of every component ``Config``: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Component:
+    """Common base: a ``name``, a ``Config`` and the validated ``config`` instance."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""
+    provenance: ClassVar[Provenance | None] = None
+    """Set by the registry on the class it loaded."""
+
+    class Config(ComponentConfig):
+        pass
+
+    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
+        if config is None:
+            config = self.Config()
+        elif isinstance(config, Mapping):
+            config = self.Config.model_validate(dict(config))
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+    @classmethod
+    def requires(cls, config: Any) -> list[tuple[str, str, Mapping[str, Any]]]:
+        """Other components this one will build from its validated ``config``, as
+        ``(kind, name, section)`` triples, so that a run can check them all before loading a model."""
+        return []
+
+
+# --------------------------------------------------------------------------------------------
+# Tools and environments (the transition of the MDP)
+# --------------------------------------------------------------------------------------------
+
+
+class Tool(Component):
+    """A callable the agent may invoke.
+
+    Subclasses set ``name``, ``description`` and an ``Arguments`` model; its JSON schema is what the
+    chat template shows the model. ``run`` may be a plain or an ``async`` method and returns the
+    text observation (or a full :class:`~agent_r1.mdp.ToolResult`). Raising is fine: the environment
+    turns exceptions into error results the agent can read.
+    """
+
+    kind = "tools"
+    description: ClassVar[str] = ""
+
+    class Arguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def run(self, arguments: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.run)
+
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """OpenAI-style function schema, as accepted by ``tokenizer.apply_chat_template(tools=...)``."""
+        parameters = cls.Arguments.model_json_schema()
+        parameters.pop("title", None)
+        return {
+            "type": "function",
+            "function": {"name": cls.name, "description": cls.description, "parameters": parameters},
+        }
+
+
+@dataclass
+class EpisodeStart:
+    """What :meth:`Environment.reset` returns: the initial messages and the tool schemas that the
+    chat template should render (empty when the tools are described in the messages instead)."""
+
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Environment(Component):
+    """An episode's world. The engine creates one instance per trajectory, so instances may keep
+    per-episode state; share heavy resources (indexes, servers) through a module-level cache.
+
+    ``reset`` starts an episode from a task; ``step`` answers one action. Both are ``async`` because
+    environments wait (on tools, processes, servers).
+    """
+
+    kind = "environments"
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        """Strings that end a generation turn (e.g. ``</tool_call>``), in addition to EOS."""
+        return []
+
+    async def reset(self, task: Task) -> EpisodeStart:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def step(self, action: Action, turn: int) -> Observation:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass
+class ParsedAction:
+    """The result of :meth:`ToolCallFormat.parse`."""
+
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    answer: str | None = None
+    errors: list[str] = field(default_factory=list)
+    """Human-readable problems (bad JSON, unknown tool...), shown to the agent as an observation."""
+
+
+class ToolCallFormat(Component):
+    """How tool calls are written in an action and how results are shown back."""
+
+    kind = "tool_call_formats"
+    tools_in_template: ClassVar[bool] = True
+    """True when tool schemas go to the chat template (``tools=``); false when :meth:`instructions`
+    describes them in the system prompt."""
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        return []
+
+    def instructions(self, tools: Sequence[type[Tool]]) -> str:
+        """Text for the system prompt that explains how to call ``tools``."""
+        return ""
+
+    def parse(self, text: str, tools: Mapping[str, type[Tool]]) -> ParsedAction:  # pragma: no cover
+        raise NotImplementedError
+
+    def render_results(self, results: Sequence[ToolResult], errors: Sequence[str] = ()) -> list[Message]:
+        """Messages that carry tool results (and parse errors) back to the agent."""
+        raise NotImplementedError  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------------
+# Rewards and learning
+# --------------------------------------------------------------------------------------------
+
+
+class RewardShaper(Component):
+    """Scores a finished trajectory: outcome signals for the whole of it, process signals per turn.
+
+    The run config lists shapers with weights; the engine multiplies each signal by its shaper's
+    weight and places it on the tokens (see :meth:`agent_r1.mdp.Trajectory.token_rewards`).
+    ``score`` may be ``async``.
+    """
+
+    kind = "reward_shapers"
+
+    def score(self, trajectory: Trajectory, task: Task) -> list[RewardSignal]:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class AdvantageInput:
+    """Everything an estimator may need, as padded ``[B, T]`` tensors over full trajectories."""
+
+    token_rewards: torch.Tensor  # [B, T] float
+    loss_mask: torch.Tensor  # [B, T] bool: policy tokens
+    scores: torch.Tensor  # [B] float: sum of weighted rewards per trajectory
+    group_ids: Sequence[str]  # [B]: trajectories sampled for the same task share an id
+    values: torch.Tensor | None = None  # [B, T] critic values (gae)
+    baseline_scores: torch.Tensor | None = None  # [B] greedy-rollout scores (remax)
+
+
+class AdvantageEstimator(Component):
+    """Turns rewards into per-token advantages and returns (both ``[B, T]``, zero outside the mask)."""
+
+    kind = "advantage_estimators"
+    needs_critic: ClassVar[bool] = False
+    needs_baseline_rollout: ClassVar[bool] = False
+
+    def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+
+@dataclass
+class LossInput:
+    """Per-token inputs of a policy loss, all ``[B, T]``."""
+
+    logprobs: torch.Tensor  # current policy, with grad
+    old_logprobs: torch.Tensor  # policy that collected the data (no grad)
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor  # bool
+
+
+class PolicyLoss(Component):
+    """A per-token surrogate loss. The framework (not the plugin) aggregates it over the optimizer
+    batch, so loss plugins cannot get normalisation wrong."""
+
+    kind = "policy_losses"
+
+    def token_loss(
+        self, inputs: LossInput
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # pragma: no cover
+        """Return the per-token loss ``[B, T]`` and per-token diagnostics (e.g. ``clipped`` as 0/1
+        floats ``[B, T]``), which the framework averages over policy tokens."""
+        raise NotImplementedError
+
+
+class Algorithm(Component):
+    """A named bundle of an advantage estimator, a policy loss and defaults (e.g. ``grpo``)."""
+
+    kind = "algorithms"
+    estimator: ClassVar[str] = ""
+    estimator_config: ClassVar[dict[str, Any]] = {}
+    loss: ClassVar[str] = "ppo_clip"
+    loss_config: ClassVar[dict[str, Any]] = {}
+    aggregation: ClassVar[str] = "token-mean"
+    needs_critic: ClassVar[bool] = False
+
+
+# --------------------------------------------------------------------------------------------
+# Infrastructure
+# --------------------------------------------------------------------------------------------
+
+
+class SamplingParams(BaseModel):
+    """How a rollout backend samples one turn."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 disables top-k filtering")
+    max_new_tokens: int = Field(256, ge=1)
+    stop: list[str] = Field(default_factory=list, description="stop sequences besides EOS")
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: token ids, their sampling log-probabilities, and why it stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    stop_sequence: str | None = None
+
+
+class RolloutBackend(Component):
+    """Generates continuations for a batch of token-id prompts. Token ids in, token ids out: no
+    decode/re-encode on the training path."""
+
+    kind = "rollout_backends"
+
+    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None, **resources: Any) -> None:
+        super().__init__(config)
+        self.resources = resources
+
+    policy_version: int = 0
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Generation]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Make the backend sample from ``model``'s current weights (tagged ``version``)."""
+        self.policy_version = version
+
+
+class Tracker(Component):
+    """Receives metrics once per step (never per token)."""
+
+    kind = "trackers"
+
+    def start(self, run_dir: Path, config: Mapping[str, Any]) -> None:
+        pass
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Dataset(Component):
+    """A source of tasks. ``load`` returns the tasks of a split (``train``, ``eval``...)."""
+
+    kind = "datasets"
+
+    def load(self, split: Literal["train", "eval"] | str) -> list[Task]:  # pragma: no cover
+        raise NotImplementedError
+
+
+CONTRACTS: dict[str, type[Component]] = {
+    "tools": Tool,
+    "environments": Environment,
+    "tool_call_formats": ToolCallFormat,
+    "reward_shapers": RewardShaper,
+    "advantage_estimators": AdvantageEstimator,
+    "policy_losses": PolicyLoss,
+    "algorithms": Algorithm,
+    "rollout_backends": RolloutBackend,
+    "trackers": Tracker,
+    "datasets": Dataset,
+}
+"""The base class each registered component of a kind must subclass."""
+
+__all__ = [
+    "CONTRACTS",
+    "KINDS",
+    "AdvantageEstimator",
+    "AdvantageInput",
+    "Algorithm",
+    "Component",
+    "ComponentConfig",
+    "Dataset",
+    "Environment",
+    "EpisodeStart",
+    "Generation",
+    "LossInput",
+    "Observation",
+    "ParsedAction",
+    "PolicyLoss",
+    "Provenance",
+    "RewardShaper",
+    "RolloutBackend",
+    "SamplingParams",
+    "Tool",
+    "ToolCallFormat",
+    "Tracker",
+]

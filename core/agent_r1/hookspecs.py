@@ -1,0 +1,235 @@
+"""Every hook agent-r1 calls. Each docstring is the reference entry for its hook.
+
+Two families:
+
+* ``register_<kind>()`` hooks take nothing and return a list of component classes. They are called
+  lazily, the first time a component of that kind is looked up, never at import time.
+* ``on_<event>(...)`` hooks observe a whole batch or episode. They are never called per token or
+  per micro-batch. Their return values are ignored.
+
+Implement a hook with :data:`agent_r1.hookimpl` in a module that your distribution declares under
+the ``agent_r1`` entry-point group::
+
+    [project.entry-points.agent_r1]
+    my_plugin = "my_package.plugin"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from agent_r1.contracts import (
+        AdvantageEstimator,
+        Algorithm,
+        Dataset,
+        Environment,
+        PolicyLoss,
+        RewardShaper,
+        RolloutBackend,
+        Tool,
+        ToolCallFormat,
+        Tracker,
+    )
+    from agent_r1.mdp import Trajectory
+
+PROJECT = "agent_r1"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration hooks
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def register_tools() -> list[type[Tool]]:
+    """Return :class:`~agent_r1.Tool` subclasses this plugin provides.
+
+    Called once, the first time a tool is looked up. Each class needs a unique ``name``, a
+    ``description`` and an ``Arguments`` model; environments refer to tools by ``name``.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_environments() -> list[type[Environment]]:
+    """Return :class:`~agent_r1.Environment` subclasses this plugin provides.
+
+    Called once, the first time an environment is looked up. The run config selects one with
+    ``environment.name``; the rest of that section is validated by the class's ``Config``.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_tool_call_formats() -> list[type[ToolCallFormat]]:
+    """Return :class:`~agent_r1.ToolCallFormat` subclasses (how actions spell tool calls).
+
+    Called once, the first time a format is looked up. Built in: ``hermes`` and ``tags``.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_reward_shapers() -> list[type[RewardShaper]]:
+    """Return :class:`~agent_r1.RewardShaper` subclasses this plugin provides.
+
+    Called once, the first time a reward shaper is looked up. The run config's ``rewards`` list
+    names shapers with weights.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_advantage_estimators() -> list[type[AdvantageEstimator]]:
+    """Return :class:`~agent_r1.AdvantageEstimator` subclasses this plugin provides.
+
+    Called once, the first time an estimator is looked up (usually while the trainer is built).
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_policy_losses() -> list[type[PolicyLoss]]:
+    """Return :class:`~agent_r1.PolicyLoss` subclasses this plugin provides.
+
+    Called once, the first time a policy loss is looked up. A loss returns per-token values; the
+    framework aggregates them.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_algorithms() -> list[type[Algorithm]]:
+    """Return :class:`~agent_r1.Algorithm` subclasses (named bundles of estimator, loss, defaults).
+
+    Called once, the first time an algorithm is looked up; ``algorithm.name`` in the run config
+    selects one.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_rollout_backends() -> list[type[RolloutBackend]]:
+    """Return :class:`~agent_r1.RolloutBackend` subclasses (engines that sample actions).
+
+    Called once, the first time a backend is looked up. Built in: ``hf``.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_trackers() -> list[type[Tracker]]:
+    """Return :class:`~agent_r1.Tracker` subclasses (metric sinks such as JSONL or TensorBoard).
+
+    Called once, the first time a tracker is looked up.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_datasets() -> list[type[Dataset]]:
+    """Return :class:`~agent_r1.Dataset` subclasses (sources of tasks).
+
+    Called once, the first time a dataset is looked up; ``data.name`` in the run config selects one.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def register_commands() -> list[Any]:
+    """Return ``click.Command`` (or ``typer.Typer``) objects to add as ``agent-r1`` subcommands.
+
+    Called only when the command line names a subcommand that is not built in, or by
+    ``agent-r1 plugins list``; ``agent-r1 --help`` never calls it, so a broken plugin cannot break
+    the help text.
+
+    Since: 0.1.0
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Observer hooks
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_train_start(run_dir: Path, config: dict[str, Any]) -> None:
+    """Called once before the first training step, after every component was built.
+
+    ``config`` is the resolved run config as plain data.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def on_rollout_end(step: int, trajectories: list[Trajectory]) -> None:
+    """Called once per training step, after rewards were assigned to the step's trajectories.
+
+    Observers may read the trajectories (e.g. to log examples); they must not modify them.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def on_update_end(step: int, metrics: dict[str, float]) -> None:
+    """Called once per training step after the optimizer update, with the step's metrics.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def on_eval_end(step: int, report: dict[str, Any]) -> None:
+    """Called after each evaluation with its report (success, pass@k, per-category figures...).
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def on_checkpoint(step: int, path: Path) -> None:
+    """Called after a checkpoint was written atomically to ``path``.
+
+    Since: 0.1.0
+    """
+
+
+@hookspec
+def on_train_end(run_dir: Path, metrics: dict[str, float]) -> None:
+    """Called once when training finishes (also after an abort), with the last metrics.
+
+    Since: 0.1.0
+    """
+
+
+REGISTRATION_HOOKS: dict[str, str] = {
+    "tools": "register_tools",
+    "environments": "register_environments",
+    "tool_call_formats": "register_tool_call_formats",
+    "reward_shapers": "register_reward_shapers",
+    "advantage_estimators": "register_advantage_estimators",
+    "policy_losses": "register_policy_losses",
+    "algorithms": "register_algorithms",
+    "rollout_backends": "register_rollout_backends",
+    "trackers": "register_trackers",
+    "datasets": "register_datasets",
+}
+"""Component kind → the hook that registers it."""

@@ -1,0 +1,1 @@
+"""Hook implementations of agent-r1-plugin-search (filled in as components land)."""
