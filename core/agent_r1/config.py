@@ -130,6 +130,7 @@ class EvalConfig(_Section):
     samples: int = Field(1, ge=1, description="samples per task (pass@k uses k <= samples)")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
     before_training: bool = True
+    success_signal: str = Field("answer_match", description="reward signal that decides success")
 
 
 class RunConfig(_Section):
@@ -197,14 +198,24 @@ def _model_at(model: type[BaseModel] | None, loc: Sequence[int | str]) -> type[B
 
 
 def validation_error_message(
-    exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None
+    exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None, root: str = ""
 ) -> str:
-    """Turn a pydantic error into lines ``path: problem (got value). Did you mean ...?``."""
+    """Turn a pydantic error into lines ``path: problem (got value). Did you mean ...?``.
+
+    ``root`` is the config path of the section that ``model`` validated (``environment``,
+    ``rewards[0]``...): paths in the message are full config paths. ``prefix`` names what was
+    validated (``environment 'calculator'``); without ``root`` it leads each line.
+    """
     lines = []
     for error in exc.errors():
         loc = list(error.get("loc", ()))
-        path = _loc_to_path(loc)
-        where = f"{prefix}: {path}" if prefix and path else (prefix or path or "<root>")
+        path = _join_path(root, _loc_to_path(loc))
+        if root:
+            where = path
+            whose = f" of {prefix}" if prefix else ""
+        else:
+            where = f"{prefix}: {path}" if prefix and path else (prefix or path or "<root>")
+            whose = ""
         value = error.get("input")
         if error["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1]) if model is not None else None
@@ -212,13 +223,30 @@ def validation_error_message(
             close = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.5)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             valid = f" Valid keys: {', '.join(known)}." if known else ""
-            lines.append(f"{where}: unknown key {str(loc[-1])!r}.{hint}{valid}")
+            lines.append(f"{where}: unknown key {str(loc[-1])!r}{whose}.{hint}{valid}")
+        elif error["type"] == "missing":
+            lines.append(f"{where}: required{whose} but not set")
         else:
             shown = repr(value)
             if len(shown) > 80:
                 shown = shown[:77] + "..."
-            lines.append(f"{where}: {error['msg']} (got {shown})")
+            lines.append(f"{where}: {error['msg']}{whose} (got {shown})")
     return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def _join_path(root: str, path: str) -> str:
+    if not root:
+        return path
+    if not path:
+        return root
+    return f"{root}{path}" if path.startswith("[") else f"{root}.{path}"
+
+
+def _first_error_path(exc: ValidationError, root: str = "") -> str | None:
+    errors = exc.errors()
+    if not errors:
+        return root or None
+    return _join_path(root, _loc_to_path(list(errors[0].get("loc", ())))) or None
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,14 +285,16 @@ def load_raw_config(path: str | Path | None = None, overrides: Sequence[str] = (
     from omegaconf.errors import OmegaConfBaseException
 
     # Seeding with the defaults lets overrides address keys and list items the file leaves out.
-    base = OmegaConf.create(RunConfig().model_dump(mode="json"))
+    base: Any = OmegaConf.create(RunConfig().model_dump(mode="json"))
     if path is not None:
         file = Path(path)
         if not file.exists():
             bundled = bundled_config_path(str(path))
             if bundled is None:
                 bundled_names = ", ".join(BUNDLED_CONFIGS)
-                raise ConfigError(f"config file {str(path)!r} does not exist (bundled configs: {bundled_names})")
+                raise ConfigError(
+                    f"config file {str(path)!r} does not exist (bundled configs: {bundled_names})"
+                )
             file = bundled
         try:
             loaded = OmegaConf.load(file)
@@ -296,7 +326,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_error_message(exc, model=RunConfig)) from None
+        raise ConfigError(
+            validation_error_message(exc, model=RunConfig), path=_first_error_path(exc)
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,6 +343,8 @@ class ResolvedComponent:
     name: str
     cls: type
     config: Any
+    nested: bool = False
+    """True for components another component requires (they live inside its section)."""
 
 
 def component_sections(config: RunConfig) -> list[tuple[str, str, ComponentSpec]]:
@@ -344,11 +378,11 @@ def validate_components(config: RunConfig, registry: Any = None) -> list[Resolve
 
     registry = registry or get_registry()
     resolved: list[ResolvedComponent] = []
-    pending: list[tuple[str, str, str, Mapping[str, Any]]] = [
-        (path, kind, spec.name, _options(spec)) for path, kind, spec in component_sections(config)
+    pending: list[tuple[str, str, str, Mapping[str, Any], bool]] = [
+        (path, kind, spec.name, _options(spec), False) for path, kind, spec in component_sections(config)
     ]
     while pending:
-        path, kind, name, options = pending.pop(0)
+        path, kind, name, options, nested = pending.pop(0)
         try:
             cls = registry.get(kind, name)
         except (ComponentNotFound, ComponentConflict) as exc:
@@ -356,13 +390,16 @@ def validate_components(config: RunConfig, registry: Any = None) -> list[Resolve
         try:
             validated = cls.Config.model_validate(dict(options))
         except ValidationError as exc:
-            label = f"{path} ({KIND_LABELS[kind]} {name!r})"
+            label = f"{KIND_LABELS[kind]} {name!r}"
             raise ConfigError(
-                validation_error_message(exc, prefix=label, model=cls.Config), path=path
+                validation_error_message(exc, prefix=label, model=cls.Config, root=path),
+                path=_first_error_path(exc, path),
             ) from None
-        resolved.append(ResolvedComponent(path, kind, name, cls, validated))
-        for i, (sub_kind, sub_name, sub_options) in enumerate(cls.requires(validated)):
-            pending.append((f"{path}<requires {i}>", sub_kind, sub_name, sub_options))
+        resolved.append(ResolvedComponent(path, kind, name, cls, validated, nested))
+        for i, requirement in enumerate(cls.requires(validated)):
+            sub_kind, sub_name, sub_options = requirement[:3]
+            sub_path = f"{path}.{requirement[3]}" if len(requirement) > 3 else f"{path}<requires {i}>"
+            pending.append((sub_path, sub_kind, sub_name, sub_options, True))
     return resolved
 
 
@@ -371,7 +408,7 @@ def resolved_dict(config: RunConfig, components: Sequence[ResolvedComponent] = (
     options (defaults included)."""
     data = config.model_dump(mode="json")
     for component in components:
-        if "<" in component.path:
+        if component.nested:
             continue
         full = {"name": component.name, **component.config.model_dump(mode="json")}
         _set_path(data, component.path, full)

@@ -88,9 +88,11 @@ class Component:
         return f"{type(self).__name__}(name={self.name!r})"
 
     @classmethod
-    def requires(cls, config: Any) -> list[tuple[str, str, Mapping[str, Any]]]:
+    def requires(cls, config: Any) -> list[tuple[Any, ...]]:
         """Other components this one will build from its validated ``config``, as
-        ``(kind, name, section)`` triples, so that a run can check them all before loading a model."""
+        ``(kind, name, section)`` or ``(kind, name, section, config_subpath)`` tuples (the sub-path,
+        e.g. ``"tools[1]"``, makes errors point at the right place), so that a run can check them
+        all before loading a model."""
         return []
 
 
@@ -115,6 +117,8 @@ class Tool(Component):
         model_config = ConfigDict(extra="forbid")
 
     def run(self, arguments: Any) -> Any:  # pragma: no cover - abstract
+        """Run the tool on ``arguments``, an already validated instance of ``Arguments``. Raise
+        :class:`~agent_r1.ToolError` to show the agent a message as is."""
         raise NotImplementedError
 
     @property
@@ -184,6 +188,18 @@ class ToolCallFormat(Component):
     @property
     def stop_sequences(self) -> list[str]:
         return []
+
+    def stop_sequences_for(self, tools: Sequence[type[Tool]]) -> list[str]:
+        """Stop sequences when ``tools`` are available (e.g. each tool's closing tag)."""
+        return self.stop_sequences
+
+    def render_call(self, call: ToolCall, tools: Mapping[str, type[Tool]]) -> str:
+        """Write ``call`` exactly as :meth:`parse` reads it (few-shot prompts, scripted policies)."""
+        raise NotImplementedError(f"tool-call format {self.name!r} cannot render calls")
+
+    def render_answer(self, answer: str) -> str:
+        """Write a final answer exactly as :meth:`parse` reads it."""
+        raise NotImplementedError(f"tool-call format {self.name!r} cannot render answers")
 
     def instructions(self, tools: Sequence[type[Tool]]) -> str:
         """Text for the system prompt that explains how to call ``tools``."""

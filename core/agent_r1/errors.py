@@ -36,3 +36,8 @@ class TrajectoryError(AgentR1Error):
 
 class ModelNotFound(AgentR1Error):
     """A model path or name could not be resolved to local files."""
+
+
+class ToolError(AgentR1Error):
+    """Raise it from a tool to show the agent its message as is (``Error: <message>``); any other
+    exception is shown with its type name."""

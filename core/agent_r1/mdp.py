@@ -104,6 +104,7 @@ class ToolResult(_Model):
 
     @property
     def duration_s(self) -> float:
+        """Seconds the call took (0.0 when either time is unknown)."""
         if self.started_at is None or self.finished_at is None:
             return 0.0
         return self.finished_at - self.started_at
@@ -134,6 +135,7 @@ class RewardSignal(_Model):
 
     @property
     def weighted(self) -> float:
+        """``value * weight``: what the engine adds to the token rewards."""
         return self.value * self.weight
 
 
@@ -148,6 +150,8 @@ class Action(_Model):
     logprobs: list[float] | None = None
     text: str = ""
     finish_reason: FinishReason = "eos"
+    stop_sequence: str | None = None
+    """The stop sequence that ended generation (``finish_reason == "stop"``); ``text`` includes it."""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     answer: str | None = None
     parse_errors: list[str] = Field(default_factory=list)
@@ -262,17 +266,21 @@ class Trajectory(_Model):
     # -- derived views --------------------------------------------------------------------
     @property
     def token_ids(self) -> list[int]:
+        """Every token of the trajectory, in order (prompt, actions, observations, template)."""
         return [t for s in self.segments for t in s.token_ids]
 
     def __len__(self) -> int:
+        """Number of tokens."""
         return sum(len(s.token_ids) for s in self.segments)
 
     @property
     def sources(self) -> list[TokenSource]:
+        """The provenance of each token."""
         return [s.source for s in self.segments for _ in s.token_ids]
 
     @property
     def turn_ids(self) -> list[int]:
+        """The turn of each token (see the module docstring for the numbering)."""
         return [s.turn for s in self.segments for _ in s.token_ids]
 
     @property
@@ -303,10 +311,12 @@ class Trajectory(_Model):
 
     @property
     def num_turns(self) -> int:
+        """Number of turns in which the policy produced at least one token."""
         return len({s.turn for s in self.segments if s.source is TokenSource.POLICY})
 
     @property
     def num_policy_tokens(self) -> int:
+        """Number of policy-sampled tokens (the tokens that carry loss)."""
         return sum(len(s.token_ids) for s in self.segments if s.source is TokenSource.POLICY)
 
     def last_policy_index(self, turn: int | None = None) -> int | None:
@@ -355,6 +365,7 @@ class Trajectory(_Model):
 
     # -- serialisation --------------------------------------------------------------------
     def to_json_line(self) -> str:
+        """One JSON line; the steps' action tokens are left out (the segments hold them)."""
         data = self.model_dump(
             mode="json", exclude={"steps": {"__all__": {"action": {"token_ids", "logprobs"}}}}
         )
@@ -362,7 +373,22 @@ class Trajectory(_Model):
 
     @classmethod
     def from_json_line(cls, line: str) -> Trajectory:
-        trajectory = cls.model_validate_json(line)
+        """Parse one JSONL line written by :meth:`to_json_line`.
+
+        Raises :class:`~agent_r1.TrajectoryError` for a schema version newer than
+        :data:`SCHEMA_VERSION` and ``ValueError`` (``pydantic.ValidationError`` included) for text
+        that is not a valid trajectory.
+        """
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise TrajectoryError(
+                f"trajectory schema version {version} is newer than this agent-r1 understands "
+                f"({SCHEMA_VERSION}); upgrade agent-r1 to read it"
+            )
+        trajectory = cls.model_validate(data)
         for step in trajectory.steps:  # action tokens are stored once, in the segments
             if not step.action.token_ids:
                 policy = [
@@ -395,9 +421,12 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
                 continue
             try:
                 yield Trajectory.from_json_line(line)
+            except TrajectoryError as exc:
+                raise TrajectoryError(f"{path}:{number}: {exc}") from exc
             except ValueError as exc:  # pydantic.ValidationError and json errors are ValueErrors
                 raise TrajectoryError(f"{path}:{number}: not a valid trajectory: {exc}") from exc
 
 
 def load_trajectories(path: str | Path) -> list[Trajectory]:
+    """Read every trajectory of a JSONL file (see :func:`iter_trajectories`)."""
     return list(iter_trajectories(path))

@@ -1,0 +1,164 @@
+"""Trajectories → padded tensors, and the policy's per-token log-probabilities."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from agent_r1.mdp import Trajectory
+
+
+@dataclass
+class TrainBatch:
+    """A right-padded batch of whole trajectories. Position ``t`` of every ``[B, T]`` tensor refers
+    to token ``t`` (its log-probability is predicted from the logits at ``t - 1``)."""
+
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] bool
+    loss_mask: torch.Tensor  # [B, T] bool: policy tokens
+    token_rewards: torch.Tensor  # [B, T] float
+    rollout_logprobs: torch.Tensor  # [B, T] float, 0 outside the loss mask
+    scores: torch.Tensor  # [B] float
+    truncated: torch.Tensor  # [B] bool
+    group_ids: list[str]
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> TrainBatch:
+        """Rows ``index`` of every field, trimmed to their longest row."""
+        rows = torch.as_tensor(index, dtype=torch.long)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                picked[f.name] = value[rows.to(value.device)]
+            else:
+                picked[f.name] = [value[int(i)] for i in rows]
+        batch = replace(self, **picked)
+        return batch.trim()
+
+    def trim(self) -> TrainBatch:
+        length = int(self.attention_mask.sum(dim=1).max().item()) if len(self) else 0
+        length = max(length, 1)
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor) and value.dim() == 2:
+                out[f.name] = value[:, :length]
+        return replace(self, **out)
+
+    def to(self, device: torch.device) -> TrainBatch:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in out.items():
+            if isinstance(value, torch.Tensor):
+                out[name] = value.to(device)
+        return TrainBatch(**out)
+
+
+def collate(
+    trajectories: Sequence[Trajectory], pad_token_id: int, *, mask_truncated: bool = False
+) -> TrainBatch:
+    """Pad trajectories on the right into a :class:`TrainBatch`. With ``mask_truncated`` the loss
+    mask of truncated trajectories is emptied (DAPO's overlong filtering)."""
+    length = max(len(t) for t in trajectories)
+    size = len(trajectories)
+    input_ids = torch.full((size, length), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((size, length), dtype=torch.bool)
+    loss_mask = torch.zeros((size, length), dtype=torch.bool)
+    rewards = torch.zeros((size, length), dtype=torch.float32)
+    logprobs = torch.zeros((size, length), dtype=torch.float32)
+    for row, trajectory in enumerate(trajectories):
+        n = len(trajectory)
+        input_ids[row, :n] = torch.tensor(trajectory.token_ids, dtype=torch.long)
+        attention[row, :n] = True
+        if not (mask_truncated and trajectory.truncated):
+            loss_mask[row, :n] = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
+        rewards[row, :n] = torch.tensor(trajectory.token_rewards(), dtype=torch.float32)
+        logprobs[row, :n] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        token_rewards=rewards,
+        rollout_logprobs=logprobs,
+        scores=torch.tensor([t.score for t in trajectories], dtype=torch.float32),
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
+        group_ids=[t.group_id for t in trajectories],
+    )
+
+
+@dataclass
+class ForwardOut:
+    logprobs: torch.Tensor  # [B, T]: log p(token t | tokens < t), 0 at t = 0
+    entropy: torch.Tensor | None  # [B, T]
+    hidden: torch.Tensor | None  # [B, T, H] last hidden state (for a value head)
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """Length of the token prefix that every row of ``input_ids`` ``[B, T]`` has in common."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.all(dim=0)  # [T]
+    different = (~same).nonzero()
+    return int(different[0]) if len(different) else int(input_ids.shape[1])
+
+
+def policy_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    with_hidden: bool = False,
+    start: int = 0,
+    share_prefix: int = 32,
+) -> ForwardOut:
+    """Per-token log-probabilities of ``input_ids`` ``[B, T]`` under ``model``, with logits scaled
+    by ``1 / temperature`` (the definition the rollout backend uses for its log-probabilities).
+
+    Only positions ``>= start`` are computed (earlier ones are 0), which skips the vocabulary
+    projection over the prompt. When all rows share a prefix of at least ``share_prefix`` tokens
+    (the G samples of one task share their whole prompt), the prefix is run once and its KV cache
+    expanded to the batch; gradients flow through the cache, so the result and its gradient are
+    those of the plain forward pass at a fraction of the cost (0 disables this).
+    """
+    size, length = input_ids.shape
+    first = min(max(start - 1, 0), length - 1)
+    prefix = min(shared_prefix_length(input_ids, attention_mask), first) if share_prefix else 0
+    if prefix < max(share_prefix, 1) or with_hidden:
+        prefix = 0
+    past = None
+    if prefix:
+        from transformers import DynamicCache
+
+        past = DynamicCache()
+        model(input_ids=input_ids[:1, :prefix], past_key_values=past, use_cache=True, logits_to_keep=1)
+        past.batch_repeat_interleave(size)
+    outputs = model(
+        input_ids=input_ids[:, prefix:],
+        attention_mask=attention_mask.long(),
+        past_key_values=past,
+        output_hidden_states=with_hidden,
+        use_cache=past is not None,
+        logits_to_keep=length - first,  # logits of positions first .. T-1 only
+    )
+    logits = outputs.logits[:, :-1].float()  # [B, T - first - 1, V]
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    targets = input_ids[:, first + 1 :]  # [B, T - first - 1]
+    log_norm = torch.logsumexp(logits, dim=-1)  # [B, T']
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    logprobs = torch.zeros(input_ids.shape, dtype=picked.dtype, device=picked.device)
+    logprobs[:, first + 1 :] = picked
+    entropy = None
+    if with_entropy:
+        probs = torch.softmax(logits, dim=-1)
+        token_entropy = log_norm - (probs * logits).sum(-1)  # [B, T']
+        entropy = torch.zeros_like(logprobs)
+        entropy[:, first + 1 :] = token_entropy
+    hidden = outputs.hidden_states[-1] if with_hidden else None
+    return ForwardOut(logprobs=logprobs, entropy=entropy, hidden=hidden)

