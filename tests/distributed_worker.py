@@ -35,8 +35,11 @@ def main() -> None:
     local = trajectories[trainer.rank * share : (trainer.rank + 1) * share]
     trainer.update_on(local)
     if trainer.is_main:
-        torch.save({k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}, out)
-        torch.save(initial, f"{out}.initial")
+        # The gradient the optimizer stepped with stays in .grad (synchronised across processes).
+        grads = {n: p.grad.detach().cpu() for n, p in trainer.unwrapped.named_parameters() if p.grad is not None}
+        torch.save(grads, out)
+        params = {k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}
+        torch.save({"initial": initial, "final": params}, f"{out}.params")
     trainer.accelerator.wait_for_everyone()
 
 

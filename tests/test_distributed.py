@@ -55,8 +55,10 @@ def test_two_processes_match_one_process(estimator: str, tmp_path: Path) -> None
     _launch(2, model_dir, tmp_path / "double.pt", estimator)
     single = torch.load(tmp_path / "single.pt")
     double = torch.load(tmp_path / "double.pt")
-    initial = torch.load(tmp_path / "single.pt.initial")
-    moved = max((single[k] - initial[k]).abs().max().item() for k in single)
+    params = torch.load(tmp_path / "double.pt.params")
+    moved = max((params["final"][k] - params["initial"][k]).abs().max().item() for k in params["final"])
     assert moved > 1e-4, "the update did not change the weights: the test would prove nothing"
+    assert single.keys() == double.keys() and len(single) > 5
     for name in single:
-        assert torch.allclose(single[name], double[name], atol=2e-6, rtol=1e-5), name
+        assert single[name].abs().max() > 0 or name.endswith("embed_tokens.weight")
+        assert torch.allclose(single[name], double[name], atol=1e-7, rtol=1e-4), name

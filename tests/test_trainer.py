@@ -44,9 +44,9 @@ def _reward_curve(trainer: Any, steps: int) -> list[float]:
 def test_reward_rises_on_toy_task(algorithm: str, registry: Any, model_dir: Path, tmp_path: Path) -> None:
     config = toy_config(model_dir, tmp_path / "run", algorithm={"name": algorithm})
     trainer = _trainer(config, registry)
-    curve = _reward_curve(trainer, 12)
+    curve = _reward_curve(trainer, 10)
     early, late = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
-    assert late > early + 0.15, f"{algorithm}: reward did not rise: {curve}"
+    assert early < 0.2 and late > early + 0.5, f"{algorithm}: reward did not rise: {curve}"
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_ppo_with_critic_learns(registry: Any, model_dir: Path, tmp_path: Path) 
             "steps": 12,
             "tasks_per_step": 4,
             "micro_batch_size": 8,
-            "lr": 3e-3,
+            "lr": 3e-2,
             "epochs": 2,
             "mini_batches": 2,
         },
@@ -68,7 +68,7 @@ def test_ppo_with_critic_learns(registry: Any, model_dir: Path, tmp_path: Path) 
     assert trainer.value_head is not None and trainer.ref_model is None
     metrics = [trainer.train_step() for _ in range(12)]
     curve = [m["reward/answer_match"] for m in metrics]
-    assert sum(curve[-3:]) / 3 > sum(curve[:3]) / 3 + 0.15, curve
+    assert sum(curve[-3:]) / 3 > sum(curve[:3]) / 3 + 0.5, curve
     assert all("critic/value_loss" in m for m in metrics)
 
 

@@ -40,7 +40,7 @@ def toy_config(model_dir: Path, run_dir: Path, **sections: Any) -> dict[str, Any
             "steps": 4,
             "tasks_per_step": 4,
             "micro_batch_size": 8,
-            "lr": 3e-3,
+            "lr": 3e-2,
             "checkpoint_every": 1,
         },
         "eval": {"num_tasks": 4, "before_training": False},

@@ -9,6 +9,7 @@ Errors name the config path, the bad value and, for misspelt keys or names, the 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -42,111 +43,146 @@ class RewardSpec(ComponentSpec):
 
 
 class LoraConfig(_Section):
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | str = "all-linear"
+    """Train LoRA adapters instead of the full model (needs ``pip install agent-r1[peft]``)."""
+
+    r: int = Field(16, ge=1, description="adapter rank")
+    alpha: int = Field(32, ge=1, description="adapter scaling (alpha / r multiplies the update)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="module names to adapt, or 'all-linear'"
+    )
 
 
 class ModelConfig(_Section):
+    """The policy model."""
+
     path: str = Field(
         "smollm2-135m-instruct",
         description="local checkpoint directory, or a bundled model name (see `agent-r1 models`)",
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:1'...")
     freeze_embeddings: bool = Field(False, description="keep input embeddings fixed during training")
-    gradient_checkpointing: bool = False
-    lora: LoraConfig | None = None
+    gradient_checkpointing: bool = Field(False, description="trade compute for activation memory")
+    lora: LoraConfig | None = Field(None, description="null trains every weight")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'flash_attention_2'")
 
 
 class RolloutConfig(_Section):
-    backend: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="hf"))
+    """How episodes are sampled during training."""
+
+    backend: ComponentSpec = Field(
+        default_factory=lambda: ComponentSpec(name="hf"), description="rollout backend component"
+    )
     group_size: int = Field(4, ge=1, description="samples per task (G)")
     max_turns: int = Field(4, ge=1, description="actions per episode at most")
     max_new_tokens: int = Field(256, ge=1, description="tokens per action at most")
     max_context: int = Field(2048, ge=16, description="tokens per trajectory at most (prompt included)")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1 disables)")
+    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0 disables)")
 
 
 class KLConfig(_Section):
+    """KL penalty against the reference (initial) policy."""
+
     coef: float = Field(0.0, ge=0.0, description="beta; 0 loads no reference model at all")
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    placement: Literal["loss", "reward"] = "loss"
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator")
+    placement: Literal["loss", "reward"] = Field(
+        "loss", description="add the KL term to the loss, or subtract it from the token rewards"
+    )
     target: float | None = Field(None, description="adaptive beta aims at this KL per token")
     horizon: int = Field(10000, ge=1, description="adaptive controller horizon (samples)")
 
 
 class CriticConfig(_Section):
+    """The value model, for estimators that need one (``gae``)."""
+
     kind: Literal["value_head", "separate"] = Field(
         "value_head", description="value head on the policy backbone, or a separate model"
     )
     path: str | None = Field(None, description="model for a separate critic (defaults to model.path)")
-    lr: float = Field(1e-5, gt=0)
+    lr: float = Field(1e-5, gt=0, description="critic learning rate")
     value_clip: float | None = Field(0.2, description="PPO value clipping range; null disables")
     coef: float = Field(0.5, ge=0, description="value-loss weight when sharing the backbone")
 
 
 class AlgorithmConfig(_Section):
-    name: str = "grpo"
+    """The RL algorithm: a named bundle of estimator, loss and aggregation, with overrides."""
+
+    name: str = Field("grpo", description="algorithm component (`agent-r1 plugins list`)")
     estimator: ComponentSpec | None = Field(None, description="override the algorithm's estimator")
     loss: ComponentSpec | None = Field(None, description="override the algorithm's policy loss")
     aggregation: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
-    ) = None
+    ) = Field(None, description="how token losses are averaged; null: the algorithm's choice")
     kl: KLConfig = Field(default_factory=KLConfig)
-    entropy_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0, description="entropy bonus weight (0 disables)")
     critic: CriticConfig = Field(default_factory=CriticConfig)
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and refill")
-    max_refill_rounds: int = Field(2, ge=0)
+    max_refill_rounds: int = Field(2, ge=0, description="dynamic sampling: extra rollout rounds at most")
     mask_truncated: bool = Field(False, description="DAPO: truncated trajectories carry no loss")
     tis_cap: float | None = Field(None, description="truncated importance sampling cap C (vLLM)")
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(20, ge=0)
-    tasks_per_step: int = Field(4, ge=1)
+    """The optimisation loop."""
+
+    steps: int = Field(20, ge=0, description="training steps (rollout, then update) to run")
+    tasks_per_step: int = Field(4, ge=1, description="tasks rolled out per step (each group_size times)")
     epochs: int = Field(1, ge=1, description="passes over each step's batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward")
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    schedule: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    grad_clip: float | None = Field(1.0, gt=0)
+    lr: float = Field(1e-5, gt=0, description="policy learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule after warm-up"
+    )
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warm-up")
+    grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables clipping")
     checkpoint_every: int = Field(10, ge=0, description="0 saves only at the end")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     max_bad_steps: int = Field(3, ge=1, description="abort after this many non-finite losses in a row")
     eval_every: int = Field(0, ge=0, description="0 evaluates only before and after training")
 
 
 class EvalConfig(_Section):
-    split: str = "eval"
-    num_tasks: int = Field(64, ge=1)
+    """Evaluation on held-out tasks, before and after training."""
+
+    split: str = Field("eval", description="dataset split to evaluate on")
+    num_tasks: int = Field(64, ge=1, description="evaluate on the first this many tasks of the split")
     samples: int = Field(1, ge=1, description="samples per task (pass@k uses k <= samples)")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
-    before_training: bool = True
+    before_training: bool = Field(True, description="also evaluate the untrained model")
     success_signal: str = Field("answer_match", description="reward signal that decides success")
 
 
 class RunConfig(_Section):
     """The whole run. ``agent-r1 config show`` prints the resolved, validated form."""
 
-    seed: int = 0
-    output_dir: str = "runs/default"
+    seed: int = Field(0, description="seeds sampling, data order and initialisation")
+    output_dir: str = Field(
+        "runs/default", description="run directory: metrics, samples, checkpoints, reports"
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
-    data: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="arithmetic"))
-    environment: ComponentSpec = Field(default_factory=lambda: ComponentSpec(name="calculator"))
+    data: ComponentSpec = Field(
+        default_factory=lambda: ComponentSpec(name="arithmetic"), description="dataset component"
+    )
+    environment: ComponentSpec = Field(
+        default_factory=lambda: ComponentSpec(name="calculator"), description="environment component"
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    rewards: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="answer_match")])
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="answer_match")],
+        description="reward shaper components, each with a weight",
+    )
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    trackers: list[ComponentSpec] = Field(default_factory=lambda: [ComponentSpec(name="jsonl")])
+    trackers: list[ComponentSpec] = Field(
+        default_factory=lambda: [ComponentSpec(name="jsonl")], description="metric tracker components"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -197,6 +233,24 @@ def _model_at(model: type[BaseModel] | None, loc: Sequence[int | str]) -> type[B
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
+def suggestions(word: str, options: Sequence[str], *, limit: int = 3) -> list[str]:
+    """The options closest to ``word`` (a likely misspelling), best first; empty when none is close."""
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, word, option).ratio(), option) for option in options),
+        key=lambda pair: (-pair[0], pair[1]),
+    )
+    if not scored or scored[0][0] < 0.6:
+        return []
+    best = scored[0][0]
+    return [option for ratio, option in scored[:limit] if ratio >= 0.6 and ratio >= best - 0.1]
+
+
+def did_you_mean(word: str, options: Sequence[str]) -> str:
+    """`` Did you mean 'x'?`` (with a leading space), or an empty string."""
+    close = suggestions(word, options)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def validation_error_message(
     exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None, root: str = ""
 ) -> str:
@@ -220,17 +274,17 @@ def validation_error_message(
         if error["type"] == "extra_forbidden":
             parent = _model_at(model, loc[:-1]) if model is not None else None
             known = sorted(parent.model_fields) if parent is not None else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=3, cutoff=0.5)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            hint = did_you_mean(str(loc[-1]), known)
             valid = f" Valid keys: {', '.join(known)}." if known else ""
             lines.append(f"{where}: unknown key {str(loc[-1])!r}{whose}.{hint}{valid}")
         elif error["type"] == "missing":
-            lines.append(f"{where}: required{whose} but not set")
+            lines.append(f"{where}: required{whose} but not set; add it to the config")
         else:
             shown = repr(value)
             if len(shown) > 80:
                 shown = shown[:77] + "..."
-            lines.append(f"{where}: {error['msg']}{whose} (got {shown})")
+            owner = f", an option of {prefix}" if root and prefix else ""
+            lines.append(f"{where}: {error['msg']} (got {shown}){owner}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -262,6 +316,9 @@ def bundled_config_path(name: str) -> Path | None:
     return Path(str(candidate)) if candidate.is_file() else None
 
 
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w-]*(?:\.[\w-]+|\[\d+\])*")
+
+
 def _parse_override(override: str) -> tuple[str, Any]:
     key, sep, raw = override.partition("=")
     key = key.strip()
@@ -272,6 +329,12 @@ def _parse_override(override: str) -> tuple[str, Any]:
         )
     if key.startswith("+"):
         key = key[1:]
+    if not _OVERRIDE_KEY.fullmatch(key):
+        raise ConfigError(
+            f"bad override {override!r}: {key!r} is not a dotted config path such as rollout.max_turns, "
+            "rewards.0.weight or rewards[0].weight",
+            path=key,
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
@@ -310,8 +373,15 @@ def load_raw_config(path: str | Path | None = None, overrides: Sequence[str] = (
         key, value = _parse_override(override)
         try:
             OmegaConf.update(base, key, value, merge=True, force_add=True)
-        except (OmegaConfBaseException, ValueError, TypeError) as exc:
-            raise ConfigError(f"cannot apply override {override!r}: {exc}", path=key) from None
+        except (OmegaConfBaseException, ValueError, TypeError, IndexError) as exc:
+            hint = ""
+            if "index out of range" in str(exc):
+                hint = (
+                    ". An override can change a list item but not add one; to add one, give the whole "
+                    "list, e.g. 'rewards=[{name: answer_match}, {name: format, weight: 0.1}]'"
+                )
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"cannot apply override {override!r}: {first}{hint}", path=key) from None
     try:
         data = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as exc:
@@ -416,7 +486,6 @@ def resolved_dict(config: RunConfig, components: Sequence[ResolvedComponent] = (
 
 
 def _set_path(data: dict[str, Any], path: str, full: dict[str, Any]) -> None:
-    import re
 
     parts = [p for p in re.split(r"\.|\[(\d+)\]", path) if p]
     target: Any = data

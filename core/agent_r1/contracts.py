@@ -123,6 +123,7 @@ class Tool(Component):
 
     @property
     def is_async(self) -> bool:
+        """True when ``run`` is an ``async def`` (the environment awaits it instead of using a thread)."""
         return inspect.iscoroutinefunction(self.run)
 
     @classmethod
@@ -161,9 +162,12 @@ class Environment(Component):
         return []
 
     async def reset(self, task: Task) -> EpisodeStart:  # pragma: no cover - abstract
+        """Start an episode from ``task``: the initial messages and the tool schemas to render."""
         raise NotImplementedError
 
     async def step(self, action: Action, turn: int) -> Observation:  # pragma: no cover - abstract
+        """Answer the action of turn ``turn`` (0-based): messages to append, process rewards,
+        and whether the episode ended (then ``termination`` says why)."""
         raise NotImplementedError
 
 
@@ -187,6 +191,7 @@ class ToolCallFormat(Component):
 
     @property
     def stop_sequences(self) -> list[str]:
+        """Strings that end a generation turn whatever the tools (see :meth:`stop_sequences_for`)."""
         return []
 
     def stop_sequences_for(self, tools: Sequence[type[Tool]]) -> list[str]:
@@ -206,6 +211,8 @@ class ToolCallFormat(Component):
         return ""
 
     def parse(self, text: str, tools: Mapping[str, type[Tool]]) -> ParsedAction:  # pragma: no cover
+        """Find the tool calls (and the final answer) in an action's ``text``; problems go to
+        ``errors`` rather than raising."""
         raise NotImplementedError
 
     def render_results(self, results: Sequence[ToolResult], errors: Sequence[str] = ()) -> list[Message]:
@@ -229,6 +236,7 @@ class RewardShaper(Component):
     kind = "reward_shapers"
 
     def score(self, trajectory: Trajectory, task: Task) -> list[RewardSignal]:  # pragma: no cover
+        """The reward signals of a finished ``trajectory`` of ``task`` (may be ``async``)."""
         raise NotImplementedError
 
 
@@ -252,6 +260,7 @@ class AdvantageEstimator(Component):
     needs_baseline_rollout: ClassVar[bool] = False
 
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        """``(advantages, returns)`` for ``batch``, both ``[B, T]`` and zero outside the loss mask."""
         raise NotImplementedError
 
 
@@ -334,6 +343,7 @@ class RolloutBackend(Component):
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[Generation]:  # pragma: no cover - abstract
+        """One continuation per prompt (token ids in, token ids and log-probabilities out)."""
         raise NotImplementedError
 
     def sync_weights(self, model: Any, version: int) -> None:
@@ -347,12 +357,15 @@ class Tracker(Component):
     kind = "trackers"
 
     def start(self, run_dir: Path, config: Mapping[str, Any]) -> None:
+        """Called once before the first step with the run directory and the resolved config."""
         pass
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:  # pragma: no cover
+        """Record one step's metrics (names such as ``reward/mean``; values are numbers)."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Called once at the end of the run (also after an error): flush and release resources."""
         pass
 
 
@@ -362,6 +375,7 @@ class Dataset(Component):
     kind = "datasets"
 
     def load(self, split: Literal["train", "eval"] | str) -> list[Task]:  # pragma: no cover
+        """The tasks of ``split``; the same config must give the same tasks (seed any shuffling)."""
         raise NotImplementedError
 
 

@@ -280,6 +280,7 @@ class Trainer:
             max_new_tokens=r.max_new_tokens,
             max_context=r.max_context,
             sampling=sampling,
+            on_env_error="end",  # a faulty environment step ends that episode (counted), not the run
         )
 
     def collect(

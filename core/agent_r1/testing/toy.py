@@ -2,9 +2,9 @@
 setup really learns (the reward must rise) without a real model or GPU.
 
 The environment is single-turn: the policy writes one short action and the episode ends. The
-``target_char`` reward scores the share of the action's characters that equal a target character.
-A randomly initialised model puts little mass on any one character, so the reward starts low and
-climbs as soon as policy-gradient updates work.
+``target_char`` reward scores the share of the action's characters that belong to a target set
+(digits by default). A randomly initialised model puts little mass on those tokens, so the reward
+starts low and climbs as soon as policy-gradient updates work.
 
 Register it in tests with ``Registry.register_plugin(agent_r1.testing.toy, "toy")`` or through an
 entry point ``toy = "agent_r1.testing.toy"``.
@@ -22,14 +22,14 @@ from agent_r1.mdp import Action, Observation, RewardSignal, Task, Trajectory
 
 
 class ToyDataset(Dataset):
-    """``num_tasks`` identical-looking prompts asking for the target character."""
+    """Prompts asking for characters of the target set; ``answer`` is that set."""
 
     name = "toy_target"
 
     class Config(ComponentConfig):
         num_train: int = Field(16, ge=1)
         num_eval: int = Field(4, ge=1)
-        target_char: str = Field("7", min_length=1, max_length=1)
+        target_chars: str = Field("0123456789", min_length=1)
 
     def load(self, split: str) -> list[Task]:
         count = self.config.num_train if split == "train" else self.config.num_eval
@@ -37,13 +37,8 @@ class ToyDataset(Dataset):
         return [
             Task(
                 id=f"{prefix}{i}",
-                messages=[
-                    {
-                        "role": "user",
-                        "content": f"Write the digit {self.config.target_char} many times ({i}).",
-                    }
-                ],
-                answer=self.config.target_char,
+                messages=[{"role": "user", "content": f"Write only digits ({i})."}],
+                answer=self.config.target_chars,
                 category="toy",
             )
             for i in range(count)
@@ -64,7 +59,8 @@ class ToyEnv(Environment):
 
 
 class TargetCharReward(RewardShaper):
-    """Outcome reward: the share of characters of the final answer equal to the task's answer."""
+    """Outcome reward: the share of characters of the final answer that belong to the task's
+    answer (a set of characters)."""
 
     name = "target_char"
 
@@ -73,7 +69,7 @@ class TargetCharReward(RewardShaper):
 
     def score(self, trajectory: Trajectory, task: Task) -> list[RewardSignal]:
         text = (trajectory.steps[-1].action.answer or "") if trajectory.steps else ""
-        value = sum(ch == task.answer for ch in text) / max(len(text), 1)
+        value = sum(ch in task.answer for ch in text) / max(len(text), 1)
         return [RewardSignal(name=self.config.signal_name, value=value, kind="outcome")]
 
 

@@ -1,0 +1,242 @@
+"""The ``hf`` rollout backend (agent_r1.builtins.hf_backend) on a tiny random Llama: log-probabilities
+against a fresh forward pass, stopping rules, batching, prefix sharing and seeding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from agent_r1.builtins.hf_backend import HFBackend, sample_tokens
+from agent_r1.contracts import SamplingParams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    """Tiny matrices run fastest on one thread (and the CI machine's cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def model(tiny_tokenizer: Any) -> Any:
+    """A tiny random Llama with untied embeddings: with tied ones, greedy decoding of a random model
+    just repeats the last prompt token, which would make the greedy comparisons below vacuous."""
+    from agent_r1.testing.models import tiny_model
+
+    return tiny_model(tiny_tokenizer, tie_word_embeddings=False, seed=0)
+
+
+def chat_prompt(tokenizer: Any, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.fixture
+def prompts(tiny_tokenizer: Any) -> list[list[int]]:
+    """Three prompts of different lengths."""
+    questions = ["What is 2 + 3?", "Hi", "Search the documents for the title of the film, then answer."]
+    return [chat_prompt(tiny_tokenizer, q) for q in questions]
+
+
+def reference_logprobs(model: Any, prompt: list[int], tokens: list[int], temperature: float) -> list[float]:
+    """log_softmax(logits / T) of ``tokens`` after ``prompt``: one plain forward pass, no cache."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0].float()  # [T, V]
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return [logp[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, 0, 1.0), (0.7, 20, 1.0), (1.3, 0, 0.9), (0.0, 0, 1.0)]
+)
+def test_logprobs_match_a_fresh_forward_pass(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]], temperature: float, top_k: int, top_p: float
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=12, seed=3)
+    generations = backend.generate(prompts, sampling)
+    for prompt, generation in zip(prompts, generations, strict=True):
+        assert len(generation.logprobs) == len(generation.token_ids) > 0
+        expected = reference_logprobs(model, prompt, generation.token_ids, temperature)
+        assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_same_seed_same_tokens_and_another_seed_differs(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+
+    def run(seed: int) -> list[list[int]]:
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=seed)
+        return [g.token_ids for g in backend.generate(prompts * 2, sampling)]
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+    assert first[0] != first[3]  # copies of one prompt draw different samples
+
+
+def test_greedy_batch_of_different_lengths_equals_one_by_one(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=10)
+    batched = backend.generate(prompts, sampling)
+    for prompt, together in zip(prompts, batched, strict=True):
+        [alone] = backend.generate([prompt], sampling)
+        assert alone.token_ids == together.token_ids
+        assert alone.logprobs == pytest.approx(together.logprobs, abs=1e-5)
+    small = HFBackend({"max_batch_size": 2}, model=model, tokenizer=tiny_tokenizer)
+    split = small.generate(prompts, sampling)  # split into chunks of 2 and 1 rows
+    assert [g.token_ids for g in split] == [g.token_ids for g in batched]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_sharing_gives_the_same_results_as_no_sharing(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]], temperature: float
+) -> None:
+    group = [prompts[0]] * 4 + [prompts[1]] + [prompts[0]] * 2 + [prompts[2]] * 3
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=12, seed=11)
+    shared = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    separate = HFBackend({"prefix_sharing": False}, model=model, tokenizer=tiny_tokenizer)
+    with_sharing = shared.generate(group, sampling)
+    without = separate.generate(group, sampling)
+    assert shared.last_stats["prefill_rows"] == 3 and separate.last_stats["prefill_rows"] == len(group)
+    for a, b in zip(with_sharing, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.finish_reason == b.finish_reason
+
+
+def test_stop_sequence_ends_right_after_the_token_that_completes_it(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    [free] = backend.generate([prompts[2]], SamplingParams(temperature=1.0, max_new_tokens=24, seed=5))
+    assert free.finish_reason == "length"
+    # A stop string that the free run completes at its 6th token, spanning tokens 5-6.
+    piece = tiny_tokenizer.decode(free.token_ids[4:6])
+    stop = piece[-2:] if len(piece) >= 2 else piece
+    first_hit = next(
+        n
+        for n in range(1, 25)
+        if stop in tiny_tokenizer.decode(free.token_ids[:n], skip_special_tokens=False)
+    )
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=5, stop=["never-there", stop])
+    [stopped] = backend.generate([prompts[2]], sampling)
+    assert stopped.finish_reason == "stop" and stopped.stop_sequence == stop
+    assert stopped.token_ids == free.token_ids[:first_hit]  # the sampled tokens, exactly
+    assert stopped.logprobs == pytest.approx(free.logprobs[:first_hit], abs=1e-6)
+
+
+def test_stop_sequences_are_searched_in_new_tokens_only(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=5, stop=["<|im_start|>assistant"])
+    [generation] = backend.generate([prompts[0]], sampling)  # the prompt ends with the stop string
+    assert generation.finish_reason == "length" and len(generation.token_ids) == 5
+
+
+def test_max_new_tokens_per_call_and_per_row(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=7)
+    full = backend.generate(prompts, sampling)
+    assert [len(g.token_ids) for g in full] == [7, 7, 7] and {g.finish_reason for g in full} == {"length"}
+    capped = backend.generate(prompts, sampling, max_new_tokens=[3, 0, 50])
+    assert [len(g.token_ids) for g in capped] == [3, 0, 7]
+    assert [g.finish_reason for g in capped] == ["length", "length", "length"]
+    assert capped[0].token_ids == full[0].token_ids[:3] and capped[2].token_ids == full[2].token_ids
+    with pytest.raises(ValueError, match="3 prompts"):
+        backend.generate(prompts, sampling, max_new_tokens=[1])
+
+
+def test_eos_and_end_of_turn_tokens_stop_generation(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    assert im_end in backend.stop_token_ids
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=20, seed=2)
+    [free] = backend.generate([prompts[1]], sampling)
+    third = free.token_ids[2]
+    assert third not in free.token_ids[:2]
+    ends_early = HFBackend({"stop_token_ids": [third]}, model=model, tokenizer=tiny_tokenizer)
+    [stopped] = ends_early.generate([prompts[1]], sampling)
+    assert stopped.finish_reason == "eos" and stopped.token_ids == free.token_ids[:3]
+    assert stopped.stop_sequence is None
+
+
+def test_finished_rows_leave_the_batch(model: Any, tiny_tokenizer: Any, prompts: list[list[int]]) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=30)
+    generations = backend.generate(prompts, sampling, max_new_tokens=[2, 30, 5])
+    assert [len(g.token_ids) for g in generations] == [2, 30, 5]
+    # One row was sampled per active row and step: rows that finished were not decoded further.
+    assert backend.last_stats["generated_tokens"] == 37
+    assert backend.last_stats["forward_passes"] == 30  # one prefill + 29 decoding steps
+
+
+def test_sample_tokens_filters_without_renormalising_logprobs() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)  # [2000, 4]
+    generator = torch.Generator().manual_seed(0)
+    expected = torch.log_softmax(logits[0] / 0.5, dim=-1)
+
+    tokens, logprobs = sample_tokens(logits, SamplingParams(temperature=0.5, top_k=2), generator)
+    assert set(tokens.tolist()) == {0, 1}
+    assert torch.allclose(logprobs, expected[tokens])
+
+    # p at T=1: [0.5, 0.3, 0.15, 0.05]; top_p=0.7 keeps the tokens whose preceding mass is < 0.7.
+    tokens, logprobs = sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.7), generator)
+    assert set(tokens.tolist()) == {0, 1}
+    tokens, _ = sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.85), generator)
+    assert set(tokens.tolist()) == {0, 1, 2}
+    share = (tokens == 0).float().mean().item()
+    assert 0.5 / 0.95 - 0.05 < share < 0.5 / 0.95 + 0.05  # drawn from the renormalised filter
+
+    tokens, logprobs = sample_tokens(logits[:1] * 3, SamplingParams(temperature=0.0))
+    assert tokens.tolist() == [0]
+    assert logprobs.item() == pytest.approx(torch.log_softmax(logits[0] * 3, dim=-1)[0].item())
+
+
+def test_sync_weights_records_the_version_and_swaps_the_model(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    from agent_r1.testing.models import tiny_model
+
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=6)
+    before = backend.generate(prompts, sampling)
+    backend.sync_weights(model, 3)
+    assert backend.policy_version == 3 and backend.model is model
+    other = tiny_model(tiny_tokenizer, tie_word_embeddings=False, seed=1)
+    backend.sync_weights(other, 4)
+    assert backend.model is other and backend.policy_version == 4
+    assert [g.token_ids for g in backend.generate(prompts, sampling)] != [g.token_ids for g in before]
+
+
+def test_training_mode_is_restored(model: Any, tiny_tokenizer: Any, prompts: list[list[int]]) -> None:
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+    model.train()
+    backend.generate(prompts[:1], SamplingParams(max_new_tokens=2, seed=0))
+    assert model.training
+
+
+def test_registered_as_hf_and_needs_model_and_tokenizer(tiny_tokenizer: Any) -> None:
+    from agent_r1.errors import AgentR1Error
+    from agent_r1.registry import Registry
+
+    assert Registry().get("rollout_backends", "hf") is HFBackend
+    with pytest.raises(AgentR1Error, match="needs the policy model and its tokenizer"):
+        HFBackend({}, tokenizer=tiny_tokenizer)
+    with pytest.raises(Exception, match="max_batch_size"):
+        HFBackend({"max_batch_size": 0})
