@@ -34,7 +34,7 @@ demo: venv
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check core tests plugins sdk benchmarks
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy $(CORE_TYPED)
 
 docs: venv

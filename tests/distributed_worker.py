@@ -12,10 +12,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from trainer_helpers import fixed_trajectories, toy_config, toy_registry  # noqa: E402
+from trainer_helpers import fixed_trajectories, toy_config, toy_registry
 
-from agent_r1.config import RunConfig, validate_components  # noqa: E402
-from agent_r1.engine.trainer import Trainer  # noqa: E402
+from agent_r1.config import RunConfig, validate_components
+from agent_r1.engine.trainer import Trainer
 
 
 def main() -> None:
@@ -36,7 +36,9 @@ def main() -> None:
     trainer.update_on(local)
     if trainer.is_main:
         # The gradient the optimizer stepped with stays in .grad (synchronised across processes).
-        grads = {n: p.grad.detach().cpu() for n, p in trainer.unwrapped.named_parameters() if p.grad is not None}
+        grads = {
+            n: p.grad.detach().cpu() for n, p in trainer.unwrapped.named_parameters() if p.grad is not None
+        }
         torch.save(grads, out)
         params = {k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}
         torch.save({"initial": initial, "final": params}, f"{out}.params")

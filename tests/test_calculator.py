@@ -276,14 +276,16 @@ def test_calculator_components_are_registered(builtin_registry: Registry) -> Non
     assert builtin_registry.get("datasets", "arithmetic") is ArithmeticDataset
 
 
-def test_calculator_env_prompt_has_the_format_and_a_worked_example(builtin_registry: Registry) -> None:
+def test_calculator_env_prompt_has_the_format_and_worked_examples_as_turns(
+    builtin_registry: Registry,
+) -> None:
     env = builtin_registry.build("environments", "calculator", {})
     assert isinstance(env.format, TagsFormat)
     assert env.stop_sequences == ["</calc>"]
     task = ArithmeticDataset({"num_train": 1, "num_eval": 0}).load("train")[0]
     start = asyncio.run(env.reset(task))
     assert start.tools == []
-    system, user = start.messages
+    system, *examples, user = start.messages
     assert user == task.messages[0]
     assert system["content"] == (
         "Solve the math problem. Use the calculator for every calculation.\n\n"
@@ -291,30 +293,39 @@ def test_calculator_env_prompt_has_the_format_and_a_worked_example(builtin_regis
         "Tools:\n"
         "- <calc>expression</calc>: "
         "Evaluate an arithmetic expression with + - * / ( ) and return the number.\n"
-        "Give the final answer as <answer>answer</answer>.\n\n"
-        "Example:\n"
-        "Question: A crate holds 23 jars. How many jars are in 41 crates?\n"
-        "<calc>23*41</calc>\n"
-        "<result>943</result>\n"
-        "<answer>943</answer>"
+        "Give the final answer as <answer>answer</answer>."
     )
-    assert len(system["content"]) < 600  # a 135M model needs it short
+    assert examples == [
+        {"role": "user", "content": "A crate holds 23 jars. How many jars are in 41 crates?"},
+        {"role": "assistant", "content": "<calc>23*41</calc>"},
+        {"role": "user", "content": "<result>943</result>"},
+        {"role": "assistant", "content": "<answer>943</answer>"},
+        {"role": "user", "content": "A shop had 512 apples and sold 178. How many apples are left?"},
+        {"role": "assistant", "content": "<calc>512-178</calc>"},
+        {"role": "user", "content": "<result>334</result>"},
+        {"role": "assistant", "content": "<answer>334</answer>"},
+    ]
 
 
 def test_calculator_env_options(builtin_registry: Registry) -> None:
-    plain = builtin_registry.build("environments", "calculator", {"few_shot": False})
-    assert "Example" not in plain.system_text()
+    task = ArithmeticDataset().load("eval")[0]
+    plain = builtin_registry.build("environments", "calculator", {"few_shot": 0})
+    assert len(asyncio.run(plain.reset(task)).messages) == 2
+    three = builtin_registry.build("environments", "calculator", {"few_shot": 3})
+    assert len(asyncio.run(three.reset(task)).messages) == 2 + 3 * 4
     search_style = builtin_registry.build(
         "environments",
         "calculator",
         {"format": {"name": "tags", "tool_tags": {"calculator": "calc"}, "result_tag": "information"}},
     )
-    assert "<information>943</information>" in search_style.system_text()
+    shown = asyncio.run(search_style.reset(task)).messages
+    assert {"role": "user", "content": "<information>943</information>"} in shown
     hermes = builtin_registry.build("environments", "calculator", {"format": "hermes"})
-    assert '"arguments": {"expression": "23*41"}' in hermes.system_text()
-    assert asyncio.run(hermes.reset(ArithmeticDataset().load("eval")[0])).tools == [CalculatorTool.schema()]
+    start = asyncio.run(hermes.reset(task))
+    assert any('"arguments": {"expression": "23*41"}' in str(m["content"]) for m in start.messages)
+    assert start.tools == [CalculatorTool.schema()]
     with pytest.raises(ConfigError, match="unknown key 'few_shots'"):
-        builtin_registry.build("environments", "calculator", {"few_shots": False})
+        builtin_registry.build("environments", "calculator", {"few_shots": 1})
 
 
 def test_a_scripted_agent_solves_every_eval_task(builtin_registry: Registry) -> None:

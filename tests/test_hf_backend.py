@@ -1,5 +1,6 @@
-"""The ``hf`` rollout backend (agent_r1.builtins.hf_backend) on a tiny random Llama: log-probabilities
-against a fresh forward pass, stopping rules, batching, prefix sharing and seeding."""
+"""The ``hf`` rollout backend (agent_r1.builtins.hf_backend) on tiny random Llama and Qwen2 models:
+log-probabilities against a fresh forward pass, stopping rules, batching, prefix sharing (identical
+prompts and a common token prefix) and seeding."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_r1.builtins.hf_backend import HFBackend, sample_tokens
 from agent_r1.contracts import SamplingParams
@@ -113,6 +116,157 @@ def test_prefix_sharing_gives_the_same_results_as_no_sharing(
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
         assert a.finish_reason == b.finish_reason
+
+
+# -- common-prefix sharing --------------------------------------------------------------------
+
+SYSTEM = "You are a careful assistant. Search the documents when you need facts, then answer briefly."
+FEW_SHOT = [
+    ("What is 12 + 30?", "<tool_call>12 + 30</tool_call>"),
+    ("Thanks. And the title of the film?", "The title of the film is in the documents."),
+]
+
+
+def few_shot_prompt(tokenizer: Any, question: str) -> list[int]:
+    """A system prompt and few-shot turns common to every question (the main job's prompt shape)."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for user, assistant in FEW_SHOT:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    messages.append({"role": "user", "content": question})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def naive_common_prefix(prompts: list[list[int]]) -> int:
+    length = 0
+    while all(len(p) > length for p in prompts) and len({p[length] for p in prompts}) == 1:
+        length += 1
+    return length
+
+
+@pytest.fixture
+def few_shot_prompts(tiny_tokenizer: Any) -> list[list[int]]:
+    """Four prompts that share a long prefix and end with remainders of different lengths."""
+    questions = ["Hi", "What is 2 + 3?", "Add 17 and 25, then multiply the sum by 3.", "Search it"]
+    return [few_shot_prompt(tiny_tokenizer, q) for q in questions]
+
+
+def compare_with_and_without_sharing(
+    model: Any, tokenizer: Any, batch: list[list[int]], sampling: SamplingParams, **kwargs: Any
+) -> tuple[HFBackend, HFBackend]:
+    """Generate ``batch`` with and without sharing; assert equal tokens and log-probabilities."""
+    shared = HFBackend({"min_shared_prefix": 16}, model=model, tokenizer=tokenizer)
+    separate = HFBackend({"prefix_sharing": False}, model=model, tokenizer=tokenizer)
+    with_sharing = shared.generate(batch, sampling, **kwargs)
+    without = separate.generate(batch, sampling, **kwargs)
+    for a, b in zip(with_sharing, without, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert a.finish_reason == b.finish_reason
+    assert separate.last_stats["shared_prefix_tokens"] == 0
+    assert separate.last_stats["prefill_tokens"] == sum(len(p) for p in batch)
+    return shared, separate
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_common_prefix_is_prefilled_once_with_the_same_results(
+    tiny_tokenizer: Any, few_shot_prompts: list[list[int]], arch: str, duplicates: bool
+) -> None:
+    from agent_r1.testing.models import tiny_model
+
+    model = tiny_model(tiny_tokenizer, arch=arch, tie_word_embeddings=False, seed=0)
+    order = [1, 0, 1, 2, 3, 1, 2] if duplicates else [0, 1, 2, 3]
+    batch = [few_shot_prompts[i] for i in order]
+    budgets = [12, 4, 9, 12, 1, 7, 12][: len(batch)]  # rows leave the batch at different steps
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
+    shared, separate = compare_with_and_without_sharing(
+        model, tiny_tokenizer, batch, sampling, max_new_tokens=budgets
+    )
+    prefix = naive_common_prefix(few_shot_prompts)
+    assert prefix >= 40  # system prompt and few-shot turns
+    assert shared.last_stats["shared_prefix_tokens"] == prefix
+    assert shared.last_stats["prefill_rows"] == len(few_shot_prompts)
+    assert shared.last_stats["prefill_tokens"] == prefix + sum(len(p) - prefix for p in few_shot_prompts)
+    # One more forward pass (the prefix alone), the same decoding steps.
+    assert shared.last_stats["forward_passes"] == separate.last_stats["forward_passes"] + 1
+    # And the same as a fresh forward pass over each whole sequence.
+    generations = shared.generate(batch, sampling, max_new_tokens=budgets)
+    for prompt, generation in zip(batch, generations, strict=True):
+        expected = reference_logprobs(model, prompt, generation.token_ids, 0.0)
+        assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_prompt_that_is_the_common_prefix_keeps_its_last_token(
+    model: Any, tiny_tokenizer: Any, few_shot_prompts: list[list[int]]
+) -> None:
+    base = few_shot_prompts[0]
+    batch = [base + few_shot_prompts[1][-5:], base, base + few_shot_prompts[2][-9:]]
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=8)
+    shared, _ = compare_with_and_without_sharing(model, tiny_tokenizer, batch, sampling)
+    assert shared.last_stats["shared_prefix_tokens"] == len(base) - 1
+
+
+def test_batches_without_a_long_common_prefix_prefill_whole_prompts(
+    model: Any, tiny_tokenizer: Any, prompts: list[list[int]]
+) -> None:
+    plain = [list(tiny_tokenizer.encode(text)) for text in ["Hi there", "What is 2 + 3?", "Search"]]
+    assert naive_common_prefix(plain) == 0
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=8)
+    shared, _ = compare_with_and_without_sharing(model, tiny_tokenizer, [*plain, plain[1]], sampling)
+    assert shared.last_stats["shared_prefix_tokens"] == 0 and shared.last_stats["prefill_rows"] == 3
+    # Chat prompts share a few tokens ("<|im_start|>user\n"): below min_shared_prefix, not split off...
+    assert 0 < naive_common_prefix(prompts) < 16
+    shared, _ = compare_with_and_without_sharing(model, tiny_tokenizer, prompts, sampling)
+    assert shared.last_stats["shared_prefix_tokens"] == 0
+    # ...unless asked to, with the same results.
+    eager = HFBackend({"min_shared_prefix": 1}, model=model, tokenizer=tiny_tokenizer)
+    generations = eager.generate(prompts, sampling)
+    assert eager.last_stats["shared_prefix_tokens"] == naive_common_prefix(prompts)
+    for prompt, generation in zip(prompts, generations, strict=True):
+        [alone] = eager.generate([prompt], sampling)  # a lone prompt is prefilled whole
+        assert eager.last_stats["shared_prefix_tokens"] == 0
+        assert alone.token_ids == generation.token_ids
+        assert alone.logprobs == pytest.approx(generation.logprobs, abs=1e-5)
+
+
+def test_sampling_with_a_shared_prefix_is_reproducible(
+    model: Any, tiny_tokenizer: Any, few_shot_prompts: list[list[int]]
+) -> None:
+    batch = [few_shot_prompts[i] for i in [0, 2, 0, 1, 3, 3]]
+    backend = HFBackend({}, model=model, tokenizer=tiny_tokenizer)
+
+    def run(seed: int) -> list[list[int]]:
+        sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=seed)
+        return [g.token_ids for g in backend.generate(batch, sampling)]
+
+    first = run(7)
+    assert backend.last_stats["shared_prefix_tokens"] > 0
+    assert run(7) == first
+    assert run(8) != first
+    assert first[0] != first[2]  # copies of one prompt draw different samples
+    sampling = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=16, seed=7)
+    compare_with_and_without_sharing(model, tiny_tokenizer, batch, sampling)
+
+
+@pytest.fixture(scope="module")
+def prefix_backend() -> HFBackend:
+    from agent_r1.testing.models import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    return HFBackend({"min_shared_prefix": 3}, model=tiny_model(tokenizer, layers=1), tokenizer=tokenizer)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8).map(tuple), min_size=1, max_size=5))
+def test_shared_prefix_length_against_a_naive_reference(
+    prefix_backend: HFBackend, distinct: list[tuple[int, ...]]
+) -> None:
+    """The shared prefix is the longest common prefix, leaving every prompt at least one token,
+    shared only among two or more prompts and only when at least ``min_shared_prefix`` long."""
+    common = naive_common_prefix([list(p) for p in distinct])
+    expected = min(common, min(len(p) for p in distinct) - 1) if len(distinct) > 1 else 0
+    assert prefix_backend._shared_prefix_length(distinct) == (expected if expected >= 3 else 0)
 
 
 def test_stop_sequence_ends_right_after_the_token_that_completes_it(

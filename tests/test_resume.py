@@ -20,6 +20,15 @@ from agent_r1.engine import checkpoint as ckpt
 from agent_r1.testing.plugins import write_plugin_distribution
 
 TIMING = ("time/", "perf/")
+SLOW_OBSERVER = """
+import os, time
+from agent_r1 import hookimpl
+
+@hookimpl
+def on_update_end(step, metrics):
+    # Paces the run so that the kill lands mid-run whatever the machine's speed.
+    time.sleep(float(os.environ.get("TOY_STEP_DELAY", "0")))
+"""
 
 
 def _toy_plugin_dir(root: Path) -> Path:
@@ -27,14 +36,19 @@ def _toy_plugin_dir(root: Path) -> Path:
     write_plugin_distribution(
         root,
         "agent-r1-toy-plugin",
-        files={"agent_r1_toy_entry.py": "from agent_r1.testing.toy import *  # noqa: F401,F403\n"},
-        entry_points={"toy": "agent_r1.testing.toy"},
+        files={"agent_r1_toy_entry.py": SLOW_OBSERVER},
+        entry_points={"toy": "agent_r1.testing.toy", "toy_pace": "agent_r1_toy_entry"},
     )
     return root
 
 
-def _train(config_path: Path, plugin_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(plugin_dir), "AGENT_R1_STRICT_PLUGINS": "1"}
+def _train(config_path: Path, plugin_dir: Path, *extra: str, delay: float = 0.0) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(plugin_dir),
+        "AGENT_R1_STRICT_PLUGINS": "1",
+        "TOY_STEP_DELAY": str(delay),
+    }
     command = [sys.executable, "-m", "agent_r1.cli", "train", str(config_path), *extra]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
@@ -67,18 +81,18 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
 
     killed_dir = tmp_path / "killed"
     killed_cfg = write_config(tmp_path / "killed.yaml", toy_config(model_dir, killed_dir, **common))
-    victim = _train(killed_cfg, plugin_dir)
+    victim = _train(killed_cfg, plugin_dir, delay=0.4)
     checkpoints = killed_dir / "checkpoints"
     deadline = time.monotonic() + 240
     while not (checkpoints.is_dir() and any(p.name.startswith("step_00000") for p in checkpoints.iterdir())):
         assert victim.poll() is None, victim.communicate()[0].decode()
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 1.5))  # kill at a random later moment
+    # kill at a random moment of the next steps (each lasts at least 0.4 s, the run 6 steps)
+    time.sleep(random.Random().uniform(0.0, 1.5))
     victim.send_signal(signal.SIGKILL)
     victim.communicate(timeout=60)
-    if (killed_dir / "summary.json").exists():
-        pytest.skip("the run finished before it could be killed (machine too fast for this timing)")
+    assert not (killed_dir / "summary.json").exists(), "the run finished before it was killed"
 
     resumed = _train(killed_cfg, plugin_dir, "--resume")
     output = resumed.communicate(timeout=300)[0].decode()
@@ -87,7 +101,7 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     reference, after_resume = _metrics(reference_dir), _metrics(killed_dir)
     assert [m["step"] for m in after_resume] == list(range(steps))
     assert len(reference) == len(after_resume)
-    for expected, got in zip(reference, after_resume):
+    for expected, got in zip(reference, after_resume, strict=False):
         assert expected.keys() == got.keys()
         for key in expected:
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), (expected["step"], key)
@@ -136,8 +150,8 @@ def test_save_is_atomic_and_prunes(tmp_path: Path) -> None:
 
 
 def test_train_refuses_to_overwrite_without_resume(tmp_path: Path) -> None:
-    from agent_r1.engine.runner import _run_dir
     from agent_r1.config import RunConfig
+    from agent_r1.engine.runner import _run_dir
     from agent_r1.errors import AgentR1Error
 
     run = RunConfig(output_dir=str(tmp_path / "run"))

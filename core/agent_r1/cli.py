@@ -26,7 +26,10 @@ class _LazyPluginGroup(TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             return command
-        return plugin_commands().get(cmd_name)
+        try:
+            return plugin_commands().get(cmd_name)
+        except AgentR1Error as exc:  # e.g. AGENT_R1_STRICT_PLUGINS with a broken plugin
+            _fail(exc)
 
 
 def _command_base() -> type:

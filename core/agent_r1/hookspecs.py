@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Every hook agent-r1 calls. Each docstring is the reference entry for its hook.
 
 Two families:
@@ -6,6 +7,10 @@ Two families:
   lazily, the first time a component of that kind is looked up, never at import time.
 * ``on_<event>(...)`` hooks observe a whole batch or episode. They are never called per token or
   per micro-batch. Their return values are ignored.
+
+Every class a registration hook returns must subclass the contract of its kind, set a non-empty
+``name`` (without ``:``) and have a pydantic ``Config``; a class that does not is skipped and its
+plugin reported as broken (``agent-r1 plugins doctor`` explains why).
 
 Implement a hook with :data:`agent_r1.hookimpl` in a module that your distribution declares under
 the ``agent_r1`` entry-point group::
@@ -153,11 +158,13 @@ def register_datasets() -> list[type[Dataset]]:
 
 @hookspec
 def register_commands() -> list[Any]:
-    """Return ``click.Command`` (or ``typer.Typer``) objects to add as ``agent-r1`` subcommands.
+    """Return commands to add to ``agent-r1``: ``typer.Typer`` apps (each with one command, or
+    with a name) or ``click.Command`` objects.
 
-    Called only when the command line names a subcommand that is not built in, or by
-    ``agent-r1 plugins list``; ``agent-r1 --help`` never calls it, so a broken plugin cannot break
-    the help text.
+    Called only when the command line names a subcommand that is not built in, and by
+    ``agent-r1 plugins list`` and ``plugins doctor``; ``agent-r1 --help`` never calls it, so a broken
+    plugin cannot break the help text. Built-in command names win over plugin commands; a name that
+    two plugins provide is an error naming both when it is run.
 
     Since: 0.1.0
     """

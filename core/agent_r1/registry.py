@@ -16,8 +16,8 @@ Environment variables:
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata as metadata
+import inspect
 import os
 import threading
 import traceback
@@ -66,18 +66,22 @@ class PluginInfo:
     status: str = "pending"  # pending | loaded | broken | disabled
     errors: list[str] = field(default_factory=list)
     components: dict[str, list[str]] = field(default_factory=dict)
+    rejected: dict[str, dict[str, str]] = field(default_factory=dict)
+    """kind → component name → why the class registered under that name was refused."""
 
     @property
     def provenance(self) -> Provenance:
         return Provenance(self.name, self.distribution, self.version, self.module)
 
     def describe(self) -> str:
+        """``plugin 'x' (distribution d 1.0, entry point x = module)``: used in every message."""
         return (
             f"plugin {self.name!r} (distribution {self.distribution} {self.version}, "
             f"entry point {self.name} = {self.module})"
         )
 
     def as_dict(self) -> dict[str, Any]:
+        """Plain data for ``agent-r1 plugins list --json``."""
         return {
             "name": self.name,
             "distribution": self.distribution,
@@ -125,8 +129,10 @@ class Registry:
         self._plugins: dict[str, PluginInfo] = {}
         self._loaded = False
         self._tables: dict[str, dict[str, list[Registered]]] = {}
+        self._commands: dict[str, list[tuple[Any, PluginInfo]]] | None = None
         self._lock = threading.RLock()
         self._warned: set[str] = set()
+        self._lenient = False  # set while `doctor` runs: report everything, raise nothing
 
     # -- loading ---------------------------------------------------------------------------
     def register_plugin(
@@ -138,6 +144,11 @@ class Registry:
             info = PluginInfo(name, distribution, version, module)
             self._add(info, plugin)
             self._tables.clear()
+            self._commands = None
+            if info.status == "broken":
+                if self._is_strict():
+                    raise PluginError(f"{info.describe()}: {'; '.join(info.errors)}")
+                self._warn(info)
             return info
 
     def _add(self, info: PluginInfo, plugin: object) -> None:
@@ -146,7 +157,7 @@ class Registry:
             info.status = "broken"
             info.errors.append(
                 f"entry point name {info.name!r} is already used by distribution "
-                f"{other.distribution} {other.version}"
+                f"{other.distribution} {other.version}; rename one of the entry points"
             )
             self._plugins[f"{info.name}@{info.distribution}"] = info
             return
@@ -154,55 +165,81 @@ class Registry:
             self.pm.register(plugin, name=info.name)
         except Exception as exc:  # pluggy validates hookimpl signatures here
             info.status = "broken"
-            info.errors.append(f"invalid hook implementation: {_short_error(exc)}")
+            info.errors.append(f"could not register its hook implementations: {_short_error(exc)}")
         else:
             info.status = "loaded"
+            for caller in self.pm.get_hookcallers(plugin) or []:
+                if caller.spec is None:  # pluggy accepts unknown hooks silently; a typo is a bug
+                    from agent_r1.config import did_you_mean
+
+                    known = [n for n in dir(hookspecs) if n.startswith(("register_", "on_"))]
+                    info.status = "broken"
+                    info.errors.append(
+                        f"implements {caller.name!r}, which is not an agent-r1 hook, so it is never "
+                        f"called.{did_you_mean(caller.name, known)}"
+                    )
         self._plugins[info.name] = info
 
     def load(self) -> None:
-        """Import every plugin module named by an ``agent_r1`` entry point (once)."""
+        """Import every plugin module named by an ``agent_r1`` entry point (once).
+
+        Raises :class:`~agent_r1.PluginError` (on this and every later call) when
+        ``AGENT_R1_STRICT_PLUGINS`` is set and a plugin is broken; otherwise each broken plugin is
+        one :class:`PluginLoadWarning`.
+        """
         with self._lock:
-            if self._loaded:
-                return
-            self._loaded = True
-            if not self._use_entry_points:
-                return
-            allow, block = _env_list("AGENT_R1_LOAD_PLUGINS"), _env_list("AGENT_R1_DISABLE_PLUGINS")
-            seen: set[tuple[str, str]] = set()
-            for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-                dist = ep.dist
-                dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
-                version = dist.version if dist is not None else "?"
-                if (ep.name, ep.value) in seen:  # the same distribution seen twice on sys.path
-                    continue
-                seen.add((ep.name, ep.value))
-                info = PluginInfo(ep.name, dist_name, version, ep.value)
-                builtin = ep.name == BUILTIN_PLUGIN and dist_name == OWN_DISTRIBUTION
-                names = {ep.name, dist_name}
-                if names & block or (allow and not builtin and not names & allow):
-                    info.status = "disabled"
-                    self._plugins.setdefault(ep.name, info)
-                    continue
-                try:
-                    plugin = ep.load()
-                except BaseException as exc:  # a plugin must never take the process down
-                    if isinstance(exc, KeyboardInterrupt):
-                        raise
-                    info.status = "broken"
-                    info.errors.append(f"import failed: {_short_error(exc)}")
-                    self._plugins.setdefault(ep.name, info)
-                    if ep.name in self._plugins and self._plugins[ep.name] is not info:
-                        self._plugins[f"{ep.name}@{dist_name}"] = info
-                    continue
-                self._add(info, plugin)
-            broken = [p for p in self._plugins.values() if p.status == "broken"]
-            if broken and _strict():
-                raise PluginError(
-                    "AGENT_R1_STRICT_PLUGINS is set and these plugins are broken:\n"
-                    + "\n".join(f"  - {p.describe()}: {'; '.join(p.errors)}" for p in broken)
-                )
-            for plugin_info in broken:
-                self._warn(plugin_info)
+            if not self._loaded:
+                self._loaded = True
+                if self._use_entry_points:
+                    self._load_entry_points()
+                for plugin_info in self._plugins.values():
+                    if plugin_info.status == "broken" and not self._is_strict():
+                        self._warn(plugin_info)
+            self._raise_if_strict()
+
+    def _load_entry_points(self) -> None:
+        allow, block = _env_list("AGENT_R1_LOAD_PLUGINS"), _env_list("AGENT_R1_DISABLE_PLUGINS")
+        seen: set[tuple[str, str]] = set()
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist
+            dist_name = dist.metadata["Name"] if dist is not None else "<unknown>"
+            version = dist.version if dist is not None else "?"
+            if (ep.name, ep.value) in seen:  # the same distribution seen twice on sys.path
+                continue
+            seen.add((ep.name, ep.value))
+            info = PluginInfo(ep.name, dist_name, version, ep.value)
+            builtin = ep.name == BUILTIN_PLUGIN and dist_name == OWN_DISTRIBUTION
+            names = {ep.name, dist_name}
+            if names & block or (allow and not builtin and not names & allow):
+                info.status = "disabled"
+                self._plugins.setdefault(ep.name, info)
+                continue
+            try:
+                plugin = ep.load()
+            except BaseException as exc:  # a plugin must never take the process down
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                info.status = "broken"
+                info.errors.append(f"import failed: {_short_error(exc)}")
+                key = ep.name if ep.name not in self._plugins else f"{ep.name}@{dist_name}"
+                self._plugins[key] = info
+                continue
+            self._add(info, plugin)
+
+    def _is_strict(self) -> bool:
+        return _strict() and not self._lenient
+
+    def _raise_if_strict(self) -> None:
+        if not self._is_strict():
+            return
+        broken = [p for p in self._plugins.values() if p.status == "broken"]
+        if broken:
+            raise PluginError(
+                "AGENT_R1_STRICT_PLUGINS is set and these plugins are broken:\n"
+                + "\n".join(f"  - {p.describe()}: {'; '.join(p.errors)}" for p in broken)
+                + "\nFix or uninstall them, disable them with AGENT_R1_DISABLE_PLUGINS=<plugin>, or "
+                "unset AGENT_R1_STRICT_PLUGINS."
+            )
 
     def _warn(self, info: PluginInfo) -> None:
         key = f"{info.name}@{info.distribution}"
@@ -210,18 +247,19 @@ class Registry:
             return
         self._warned.add(key)
         warnings.warn(
-            f"{info.describe()} is broken and was skipped: {'; '.join(info.errors)}. "
-            "Run `agent-r1 plugins doctor` for details; set AGENT_R1_DISABLE_PLUGINS="
+            f"{info.describe()} is broken: {'; '.join(info.errors)}. What it failed to provide is "
+            "unavailable. Run `agent-r1 plugins doctor` for details; set AGENT_R1_DISABLE_PLUGINS="
             f"{info.name} to silence this.",
             PluginLoadWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
 
     def plugins(self) -> list[PluginInfo]:
-        """Every plugin seen, loaded or not (loads them first)."""
+        """Every plugin seen, loaded or not, with the components it provides (loads every kind)."""
         self.load()
         for kind in KINDS:
             self._table(kind)
+        self.commands()
         return sorted(self._plugins.values(), key=lambda p: (p.name != BUILTIN_PLUGIN, p.name))
 
     # -- per-kind tables -------------------------------------------------------------------
@@ -234,16 +272,22 @@ class Registry:
             self.load()
             table: dict[str, list[Registered]] = {}
             caller = getattr(self.pm.hook, hookspecs.REGISTRATION_HOOKS[kind])
-            by_name = {info.name: info for info in self._plugins.values() if info.status != "disabled"}
-            for impl in reversed(caller.get_hookimpls()):  # registration order
-                info = by_name.get(impl.plugin_name)
-                if info is None:
+            by_name = self._active_plugins()
+            for info in by_name.values():  # a rebuilt table must not list components twice
+                info.components.pop(kind, None)
+                info.rejected.pop(kind, None)
+            for impl in caller.get_hookimpls():  # registration order
+                provider = by_name.get(impl.plugin_name)
+                if provider is None:
                     continue
-                for cls in self._collect(kind, impl.function, info):
-                    table.setdefault(cls.name, []).append(Registered(cls, info))
-                    info.components.setdefault(kind, []).append(cls.name)
+                for cls in self._collect(kind, impl.function, provider):
+                    table.setdefault(cls.name, []).append(Registered(cls, provider))
+                    provider.components.setdefault(kind, []).append(cls.name)
             self._tables[kind] = table
             return table
+
+    def _active_plugins(self) -> dict[str, PluginInfo]:
+        return {info.name: info for info in self._plugins.values() if info.status != "disabled"}
 
     def _collect(self, kind: str, function: Callable[[], Any], info: PluginInfo) -> list[type[Component]]:
         hook = hookspecs.REGISTRATION_HOOKS[kind]
@@ -262,6 +306,9 @@ class Registry:
         for item in returned:
             problem = _check_component(item, base)
             if problem:
+                name = getattr(item, "name", None)
+                if isinstance(name, str) and name:
+                    info.rejected.setdefault(kind, {})[name] = problem
                 self._broken(info, f"{hook}() returned {item!r}: {problem}")
                 continue
             item.provenance = info.provenance
@@ -269,17 +316,23 @@ class Registry:
         return good
 
     def _broken(self, info: PluginInfo, message: str) -> None:
-        info.errors.append(message)
+        if message not in info.errors:
+            info.errors.append(message)
         info.status = "broken"
-        if _strict():
-            raise PluginError(f"{info.describe()}: {message}")
+        if self._is_strict():
+            raise PluginError(
+                f"{info.describe()}: {message}. AGENT_R1_STRICT_PLUGINS is set, so this is an error; "
+                f"fix the plugin or disable it with AGENT_R1_DISABLE_PLUGINS={info.name}."
+            )
         self._warn(info)
 
     # -- lookups ---------------------------------------------------------------------------
     def names(self, kind: str) -> list[str]:
+        """Every component name of ``kind`` that loaded plugins provide, sorted."""
         return sorted(self._table(kind))
 
     def providers(self, kind: str, name: str) -> list[Registered]:
+        """Every provider of ``name`` (more than one means a conflict that ``plugin:name`` resolves)."""
         return list(self._table(kind).get(name, []))
 
     def get(self, kind: str, name: str) -> type[Component]:
@@ -306,15 +359,30 @@ class Registry:
 
     def _not_found_message(self, kind: str, name: str) -> str:
         label = KIND_LABELS[kind]
-        known = sorted(self._table(kind))
+        table = self._table(kind)
+        known = sorted(table)
+        plugin_name, _, short = name.rpartition(":")
+        if plugin_name and short in table:
+            providers = ", ".join(repr(r.plugin.name) for r in table[short])
+            return (
+                f"no plugin named {plugin_name!r} provides {label} {short!r}; it is provided by "
+                f"{providers}. Write '<plugin>:{short}' with one of those, or just {short!r}."
+            )
         message = f"unknown {label} {name!r}."
-        close = difflib.get_close_matches(name.rpartition(":")[2], known, n=3, cutoff=0.5)
-        if close:
-            message += f" Did you mean {' or '.join(repr(c) for c in close)}?"
+        for info in self._plugins.values():
+            problem = info.rejected.get(kind, {}).get(short)
+            if problem:
+                return (
+                    f"{label} {short!r} is provided by {info.describe()}, but the plugin is broken: "
+                    f"{problem}. Fix or upgrade the plugin, or choose another {label}."
+                )
+        from agent_r1.config import did_you_mean
+
+        message += did_you_mean(short, known)
         message += f" Known {label}s: {', '.join(known) if known else '(none)'}."
         broken = [p for p in self._plugins.values() if p.status == "broken"]
         if broken:
-            message += " These plugins failed to load and may provide it: " + "; ".join(
+            message += " These plugins are broken and may be the ones that provide it: " + "; ".join(
                 f"{p.describe()}: {'; '.join(p.errors)}" for p in broken
             )
         disabled = [p.name for p in self._plugins.values() if p.status == "disabled"]
@@ -330,40 +398,156 @@ class Registry:
         validated = validate_component_config(cls, config, where=f"{KIND_LABELS[kind]} {name!r}")
         return cls(validated, **kwargs)
 
+    # -- commands ----------------------------------------------------------------------------
+    def commands(self) -> dict[str, list[tuple[Any, PluginInfo]]]:
+        """Command objects from ``register_commands``, by command name, with the plugin of each.
+
+        More than one provider for a name is a conflict that the command line reports. A hook that
+        raises or returns something that is not a command marks its plugin broken.
+        """
+        with self._lock:
+            if self._commands is not None:
+                return self._commands
+            self.load()
+            commands: dict[str, list[tuple[Any, PluginInfo]]] = {}
+            by_name = self._active_plugins()
+            for info in by_name.values():
+                info.components.pop("commands", None)
+            for impl in self.pm.hook.register_commands.get_hookimpls():  # registration order
+                provider = by_name.get(impl.plugin_name)
+                if provider is None:
+                    continue
+                try:
+                    returned = impl.function() or []
+                except Exception as exc:
+                    self._broken(provider, f"register_commands() raised {_short_error(exc)}")
+                    continue
+                if not isinstance(returned, Iterable) or isinstance(returned, (str, bytes, Mapping)):
+                    self._broken(
+                        provider, f"register_commands() must return a list, got {type(returned).__name__}"
+                    )
+                    continue
+                for item in returned:
+                    name = _command_name(item)
+                    if name is None:
+                        self._broken(
+                            provider,
+                            f"register_commands() returned {item!r}: expected a typer.Typer (with a "
+                            "name, or with exactly one command) or a click.Command with a name",
+                        )
+                        continue
+                    commands.setdefault(name, []).append((item, provider))
+                    provider.components.setdefault("commands", []).append(name)
+            self._commands = commands
+            return commands
+
     # -- observer hooks ----------------------------------------------------------------------
     def notify(self, hook_name: str, **kwargs: Any) -> None:
         """Call an ``on_*`` observer hook on every plugin. An observer that raises is reported as a
         warning naming its plugin; it does not stop training."""
-        if not hook_name.startswith("on_"):
-            raise ValueError(f"{hook_name!r} is not an observer hook")
+        spec = getattr(hookspecs, hook_name, None)
+        if not hook_name.startswith("on_") or spec is None:
+            observers = sorted(n for n in dir(hookspecs) if n.startswith("on_"))
+            raise ValueError(f"{hook_name!r} is not an observer hook; they are {', '.join(observers)}")
+        expected = set(inspect.signature(spec).parameters)
+        if set(kwargs) != expected:
+            raise TypeError(
+                f"{hook_name} takes exactly the arguments {sorted(expected)}, got {sorted(kwargs)}"
+            )
         self.load()
         caller = getattr(self.pm.hook, hook_name)
         by_name = {info.name: info for info in self._plugins.values()}
-        for impl in reversed(caller.get_hookimpls()):
+        for impl in caller.get_hookimpls():  # registration order
             try:
                 impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
             except Exception as exc:
                 info = by_name.get(impl.plugin_name)
                 who = info.describe() if info else impl.plugin_name
                 warnings.warn(
-                    f"{hook_name} of {who} raised {_short_error(exc)}", PluginLoadWarning, stacklevel=2
+                    f"{hook_name} of {who} raised {_short_error(exc)}; the run goes on without it",
+                    PluginLoadWarning,
+                    stacklevel=2,
                 )
 
     def doctor(self) -> list[PluginInfo]:
-        """Load every plugin and every kind, instantiate each component's default ``Config``, and
-        return the plugin list with problems recorded in ``errors``."""
-        with warnings.catch_warnings():
+        """Load every plugin, kind and command, check each component (its default ``Config``
+        builds, it rejects unknown keys, no other plugin provides its name), and return the plugin
+        list with problems recorded in ``errors``. Never raises for a broken plugin, even under
+        strict mode."""
+        with self._lock, warnings.catch_warnings():
             warnings.simplefilter("ignore", PluginLoadWarning)
-            infos = self.plugins()
+            self._lenient = True
+            try:
+                infos = self.plugins()
+            finally:
+                self._lenient = False
             for kind in KINDS:
                 for name, providers in self._table(kind).items():
+                    for provider in providers:
+                        for problem in _doctor_component(provider.cls):
+                            _add_error(provider.plugin, f"{KIND_LABELS[kind]} {name!r}: {problem}")
                     if len(providers) > 1:
                         for provider in providers:
                             others = [p.plugin.name for p in providers if p is not provider]
-                            provider.plugin.errors.append(
-                                f"{KIND_LABELS[kind]} {name!r} is also provided by {', '.join(others)}"
+                            _add_error(
+                                provider.plugin,
+                                f"{KIND_LABELS[kind]} {name!r} is also provided by {', '.join(others)}; "
+                                f"runs must write '<plugin>:{name}' to choose",
                             )
+            for command, command_providers in self.commands().items():
+                if len(command_providers) > 1:
+                    for _, owner in command_providers:
+                        others = [i.name for _, i in command_providers if i is not owner]
+                        _add_error(owner, f"command {command!r} is also provided by {', '.join(others)}")
         return infos
+
+
+def _add_error(info: PluginInfo, message: str) -> None:
+    if message not in info.errors:
+        info.errors.append(message)
+
+
+def _command_name(item: Any) -> str | None:
+    """The subcommand name of a click-style command or a ``typer.Typer`` (None if neither)."""
+    if hasattr(item, "make_context") and callable(item.make_context):  # click.Command (any click)
+        name = getattr(item, "name", None)
+        return name if isinstance(name, str) and name else None
+    try:
+        import typer
+    except ImportError:  # pragma: no cover - typer is a dependency of the CLI
+        return None
+    if isinstance(item, typer.Typer):
+        info_name = item.info.name
+        if isinstance(info_name, str) and info_name:
+            return info_name
+        commands = item.registered_commands
+        if len(commands) == 1 and not item.registered_groups:
+            command = commands[0]
+            if command.name:
+                return command.name
+            if command.callback is not None:
+                return command.callback.__name__.replace("_", "-")
+    return None
+
+
+def _doctor_component(cls: type[Component]) -> list[str]:
+    from pydantic import ValidationError
+
+    problems: list[str] = []
+    config_cls = cls.Config
+    if config_cls.model_config.get("extra") != "forbid":
+        problems.append(
+            f"{config_cls.__qualname__} accepts unknown keys; subclass agent_r1.ComponentConfig so "
+            "that misspelt options are errors"
+        )
+    try:
+        config_cls()
+    except ValidationError as exc:
+        if any(error["type"] != "missing" for error in exc.errors()):
+            problems.append(f"its default {config_cls.__qualname__} is invalid: {exc}")
+    except Exception as exc:
+        problems.append(f"building its default {config_cls.__qualname__} raised {_short_error(exc)}")
+    return problems
 
 
 def _check_component(item: Any, base: type[Component]) -> str | None:

@@ -17,8 +17,14 @@ backend controls exactly what the trainer later relies on:
 * **Batches of different lengths.** Prompts are left-padded; the attention mask hides the padding
   and ``position_ids`` count real tokens only, so a row's result does not depend on its neighbours
   (up to floating-point summation order).
-* **Shared prefixes.** Identical prompts (the G samples of a group at the first turn) are prefilled
-  once and their KV cache is expanded for the copies (``prefix_sharing``).
+* **Shared prefixes** (``prefix_sharing``). Nothing is prefilled twice within a batch: identical
+  prompts (the G samples of a group at the first turn) are prefilled once, and the longest token
+  prefix common to all distinct prompts (system prompt, few-shot turns) is prefilled once with
+  batch size 1 when it is at least ``min_shared_prefix`` tokens long. Its KV cache is repeated
+  for every distinct prompt, whose remainders are then prefilled together, left-padded *after*
+  the shared prefix: ``[shared prefix][padding][remainder]``, with the padding masked out and
+  ``position_ids`` continuing from the prefix. Each distinct prompt's cache is finally copied for
+  its duplicates. Results equal those without sharing up to floating-point summation order.
 * **Reproducibility.** Sampling draws from one ``torch.Generator`` seeded with ``sampling.seed``:
   the same seed, the same prompts in the same order and the same weights give the same tokens.
 """
@@ -56,6 +62,19 @@ class _Row:
     stop_sequence: str | None = None
 
 
+@dataclass
+class _Chunk:
+    """Rows decoded together in one batch, and what their prefill shares."""
+
+    rows: list[_Row]
+    distinct: list[tuple[int, ...]]
+    """The distinct prompts of the rows (every row's prompt when prefix sharing is off)."""
+    copies: list[int]
+    """Row ``b`` continues ``distinct[copies[b]]``."""
+    shared: int
+    """Length of the token prefix common to all ``distinct`` prompts, prefilled once (0: none)."""
+
+
 class HFBackend(RolloutBackend):
     """Rollout backend on a transformers causal LM (CPU or CUDA; the device is the model's).
 
@@ -68,7 +87,15 @@ class HFBackend(RolloutBackend):
 
     class Config(ComponentConfig):
         prefix_sharing: bool = Field(
-            True, description="prefill identical prompts once and share their KV cache"
+            True,
+            description="prefill identical prompts, and the token prefix common to all prompts of a "
+            "batch, once and share their KV cache",
+        )
+        min_shared_prefix: int = Field(
+            16,
+            ge=1,
+            description="prefill the prefix common to a batch's distinct prompts separately only when "
+            "it has at least this many tokens (below, the extra forward pass costs more than it saves)",
         )
         max_batch_size: int = Field(64, ge=1, description="rows per forward pass; larger batches are split")
         stop_token_ids: list[int] = Field(
@@ -99,9 +126,10 @@ class HFBackend(RolloutBackend):
         # Only the last position's logits are needed; older models compute all of them.
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.last_stats: dict[str, float] = {}
-        """Counters of the latest :meth:`generate` call: ``prompts``, ``prefill_rows`` (rows actually
-        prefilled after prefix sharing), ``prefill_tokens``, ``generated_tokens``, ``forward_passes``
-        and ``seconds``."""
+        """Counters of the latest :meth:`generate` call: ``prompts``, ``prefill_rows`` (distinct
+        prompts prefilled), ``prefill_tokens`` (tokens actually prefilled, each shared prefix
+        counted once), ``shared_prefix_tokens`` (of those, tokens of shared prefixes),
+        ``generated_tokens``, ``forward_passes`` and ``seconds``."""
 
     # -- setup ----------------------------------------------------------------------------------
     def _find_stop_token_ids(self) -> set[int]:
@@ -166,6 +194,7 @@ class HFBackend(RolloutBackend):
             "prompts": float(len(prompts)),
             "prefill_rows": 0.0,
             "prefill_tokens": 0.0,
+            "shared_prefix_tokens": 0.0,
             "generated_tokens": 0.0,
             "forward_passes": 0.0,
         }
@@ -187,8 +216,8 @@ class HFBackend(RolloutBackend):
             # no_grad, not inference_mode: buffers that a forward (re)creates, such as rotary
             # caches, must stay usable by the trainer's later forward passes with gradients.
             with torch.no_grad():
-                for distinct, copies, members in self._chunks(pending, prompts):
-                    self._decode(distinct, copies, members, sampling, generator)
+                for chunk in self._chunks(pending, prompts):
+                    self._decode(chunk, sampling, generator)
         finally:
             if was_training:
                 self.model.train()
@@ -203,13 +232,11 @@ class HFBackend(RolloutBackend):
             for row in rows
         ]
 
-    def _chunks(
-        self, rows: list[_Row], prompts: Sequence[Sequence[int]]
-    ) -> list[tuple[list[tuple[int, ...]], list[int], list[_Row]]]:
+    def _chunks(self, rows: list[_Row], prompts: Sequence[Sequence[int]]) -> list[_Chunk]:
         """Split rows (in order) into chunks of at most ``max_batch_size``; in each chunk, find the
-        distinct prompts (all prompts when prefix sharing is off) and each row's prompt among
-        them. Rows keep their order, so sampling draws the same random numbers with or without
-        sharing."""
+        distinct prompts (all prompts when prefix sharing is off), each row's prompt among them and
+        the prefix they share. Rows keep their order, so sampling draws the same random numbers
+        with or without sharing."""
         limit = self.config.max_batch_size
         chunks = []
         for begin in range(0, len(rows), limit):
@@ -224,8 +251,24 @@ class HFBackend(RolloutBackend):
                     distinct[key] = len(prompt_list)
                     prompt_list.append(prompt)
                 copies.append(distinct[key])
-            chunks.append((prompt_list, copies, members))
+            chunks.append(_Chunk(members, prompt_list, copies, self._shared_prefix_length(prompt_list)))
         return chunks
+
+    def _shared_prefix_length(self, distinct: list[tuple[int, ...]]) -> int:
+        """Length of the token prefix common to all ``distinct`` prompts that is worth prefilling
+        once, or 0. Every prompt keeps at least one token of its own, whose logits start its
+        decoding; a lone distinct prompt is prefilled whole, as splitting it would only add a
+        forward pass."""
+        if not self.config.prefix_sharing or len(distinct) < 2:
+            return 0
+        first = distinct[0]
+        length = min(len(prompt) for prompt in distinct) - 1
+        for prompt in distinct[1:]:
+            common = 0
+            while common < length and prompt[common] == first[common]:
+                common += 1
+            length = common
+        return length if length >= self.config.min_shared_prefix else 0
 
     def _forward(
         self,
@@ -247,40 +290,58 @@ class HFBackend(RolloutBackend):
         self.last_stats["forward_passes"] += 1
         return out.logits[:, -1, :].float()  # [B, V]
 
-    def _decode(
-        self,
-        distinct: list[tuple[int, ...]],
-        copies: list[int],
-        rows: list[_Row],
-        sampling: SamplingParams,
-        generator: torch.Generator,
-    ) -> None:
-        """Prefill the ``distinct`` prompts, expand the cache so that row ``b`` continues prompt
-        ``copies[b]``, then sample token by token until every row has finished (rows are filled
-        in place)."""
+    def _prefill(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """Prefill each distinct prompt of the chunk once and return, for each *row*, the logits of
+        its next token, its attention mask, the position of its next token and the KV cache.
+
+        The shared prefix (``chunk.shared`` tokens) goes through the model alone and its cache is
+        repeated for the ``U`` distinct prompts; their remainders are then prefilled together,
+        left-padded after the prefix. Positions count real tokens only, so row ``u`` sees exactly
+        ``distinct[u]`` at positions ``0 .. len - 1``. Finally each distinct prompt's state is
+        copied for its duplicates. Returns ``(logits [B, V], attention_mask [B, S + L],
+        next_position [B], cache)``.
+        """
         import torch
         from transformers import DynamicCache
 
         device = self.device
-        width = max(len(p) for p in distinct)
-        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)  # [U, L]
-        attention_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # [U, L]
-        for u, prompt in enumerate(distinct):
-            input_ids[u, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[u, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [U, L]
-        self.last_stats["prefill_rows"] += len(distinct)
-        self.last_stats["prefill_tokens"] += sum(len(p) for p in distinct)
-
+        shared, distinct = chunk.shared, chunk.distinct
         cache = DynamicCache(config=self.model.config)
+        if shared:
+            prefix = torch.tensor([distinct[0][:shared]], dtype=torch.long, device=device)  # [1, S]
+            positions = torch.arange(shared, device=device)[None]  # [1, S]
+            self._forward(prefix, torch.ones_like(prefix), positions, cache)
+            cache.batch_repeat_interleave(len(distinct))
+        remainders = [prompt[shared:] for prompt in distinct]
+        width = max(len(r) for r in remainders)
+        input_ids = torch.full((len(distinct), width), self.pad_token_id, dtype=torch.long)  # [U, L]
+        own_mask = torch.zeros((len(distinct), width), dtype=torch.long)  # [U, L]: 0 on padding
+        for u, remainder in enumerate(remainders):
+            input_ids[u, width - len(remainder) :] = torch.tensor(remainder, dtype=torch.long)
+            own_mask[u, width - len(remainder) :] = 1
+        input_ids, own_mask = input_ids.to(device), own_mask.to(device)
+        position_ids = shared + (own_mask.cumsum(-1) - 1).clamp(min=0)  # [U, L]
+        prefix_mask = own_mask.new_ones((len(distinct), shared))  # [U, S]
+        attention_mask = torch.cat([prefix_mask, own_mask], dim=-1)  # [U, S + L]
         logits = self._forward(input_ids, attention_mask, position_ids, cache)  # [U, V]
-        if len(copies) != len(distinct):  # shared prefixes: one cache entry per copy
-            expand = torch.tensor(copies, dtype=torch.long, device=device)  # [B]
+        self.last_stats["prefill_rows"] += len(distinct)
+        self.last_stats["prefill_tokens"] += shared + sum(len(r) for r in remainders)
+        self.last_stats["shared_prefix_tokens"] += shared
+
+        if len(chunk.copies) != len(distinct):  # duplicates: one cache entry per row
+            expand = torch.tensor(chunk.copies, dtype=torch.long, device=device)  # [B]
             cache.batch_select_indices(expand)
-            logits, attention_mask = logits[expand], attention_mask[expand]
-            position_ids = position_ids[expand]
-        next_position = position_ids[:, -1] + 1  # [B]
+            logits, attention_mask, position_ids = (t[expand] for t in (logits, attention_mask, position_ids))
+        return logits, attention_mask, position_ids[:, -1] + 1, cache
+
+    def _decode(self, chunk: _Chunk, sampling: SamplingParams, generator: torch.Generator) -> None:
+        """Prefill the chunk's prompts (see :meth:`_prefill`), then sample token by token until every
+        row has finished (rows are filled in place)."""
+        import torch
+
+        logits, attention_mask, next_position, cache = self._prefill(chunk)
+        rows = chunk.rows
+        device = self.device
 
         stops = [s for s in sampling.stop if s]
         window = max((len(s.encode("utf-8")) for s in stops), default=0) + 1

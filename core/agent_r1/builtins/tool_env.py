@@ -47,11 +47,8 @@ from agent_r1.contracts import (
     Tool,
     ToolCallFormat,
 )
-from agent_r1.errors import AgentR1Error, ConfigError, ToolError
+from agent_r1.errors import ConfigError, ToolError
 from agent_r1.mdp import Action, Message, Observation, RewardSignal, Task, ToolCall, ToolResult
-
-
-
 
 NO_CALL_MESSAGE = "your reply has no tool call and no final answer. Call a tool or give the final answer."
 

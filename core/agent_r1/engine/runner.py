@@ -27,8 +27,22 @@ def prepare(
     return config, validate_components(config)
 
 
+def _expand_output_dir(output_dir: str, *, resume: bool) -> Path:
+    """``{now}`` in ``output_dir`` becomes the start time (``20261121-101500``), so each run gets a
+    fresh directory; with ``--resume`` it picks the newest existing directory of that pattern."""
+    if "{now}" not in output_dir:
+        return Path(output_dir)
+    if resume:
+        pattern = Path(output_dir.replace("{now}", "*"))
+        existing = sorted(pattern.parent.glob(pattern.name))
+        if existing:
+            return existing[-1]
+    return Path(output_dir.replace("{now}", time.strftime("%Y%m%d-%H%M%S")))
+
+
 def _run_dir(config: RunConfig, *, resume: bool) -> Path:
-    run_dir = Path(config.output_dir)
+    run_dir = _expand_output_dir(config.output_dir, resume=resume)
+    config.output_dir = str(run_dir)
     checkpoints = run_dir / "checkpoints"
     if not resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
         raise AgentR1Error(
@@ -230,7 +244,7 @@ def evaluate(
     from agent_r1.engine.trainer import Trainer
 
     config, components = prepare(config_path, overrides)
-    out = Path(out or Path(config.output_dir) / "eval")
+    out = Path(out or _expand_output_dir(config.output_dir, resume=True) / "eval")
     out.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, components, out)
     if checkpoint is not None:

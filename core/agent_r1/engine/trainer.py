@@ -535,7 +535,6 @@ class Trainer:
         temperature: float,
     ) -> dict[str, float]:
         cfg = self.config
-        algo = cfg.algorithm
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         fb_time = opt_time = 0.0

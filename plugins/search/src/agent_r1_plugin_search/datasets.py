@@ -1,0 +1,342 @@
+"""Multi-hop QA datasets as agent-r1 ``Dataset`` plugins.
+
+Each dataset reads local JSON/JSONL files (and, when the ``datasets`` library is installed, any
+path or hub name it can load) and turns every row into a :class:`~agent_r1.Task`:
+
+* ``messages``: one user message holding the question (the ``search_qa`` environment wraps it in
+  its prompt);
+* ``answer``: the list of gold aliases (always a list, possibly of one);
+* ``category``: ``<dataset>`` or ``<dataset>/<type>`` (``hotpotqa/bridge``, ``musique/2hop``...);
+* ``metadata``: ``dataset``, ``question``, ``supporting_titles`` (titles of the gold paragraphs,
+  when the data names them; the ``search_gold`` reward uses them) and dataset-specific fields.
+
+Splits: with only ``path``, the last ``eval_fraction`` of the rows (or ``eval_size`` rows) form the
+``eval`` split and the rest ``train``; with ``eval_path`` the two files are the two splits.
+``validation``, ``dev`` and ``test`` are accepted as names of the eval split, ``all`` returns every
+row. Without ``path`` the bundled sample is used (see ``data/ATTRIBUTION.md``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from agent_r1 import ComponentConfig, Dataset, Task
+from agent_r1_plugin_search.corpus import CorpusError, bundled_path, iter_records
+from agent_r1_plugin_search.metrics import as_aliases
+
+_EVAL_SPLITS = {"eval", "validation", "dev", "test"}
+_LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+class QADatasetConfig(ComponentConfig):
+    """Options shared by every QA dataset."""
+
+    path: str | None = Field(
+        None, description="JSON/JSONL file (or a `datasets` path); None: the bundled sample"
+    )
+    eval_path: str | None = Field(None, description="separate file for the eval split")
+    eval_fraction: float = Field(0.25, ge=0.0, lt=1.0, description="share of `path` held out as eval")
+    eval_size: int | None = Field(None, ge=0, description="rows held out as eval (overrides eval_fraction)")
+    limit: int | None = Field(None, ge=1, description="at most this many tasks per split")
+    hf_config: str | None = Field(None, description="`datasets` config name, e.g. 'distractor'")
+    hf_splits: dict[str, str] = Field(
+        default_factory=lambda: {"train": "train", "eval": "validation"},
+        description="`datasets` split per agent-r1 split, for hub datasets",
+    )
+
+
+def _load_with_datasets(path: str, config: QADatasetConfig, split: str) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError:
+        raise CorpusError(
+            f"data file {path!r} does not exist (or is not .json/.jsonl); install the `datasets` "
+            "library to read other formats or hub datasets"
+        ) from None
+    file = Path(path).expanduser()
+    builders = {".parquet": "parquet", ".csv": "csv", ".arrow": "arrow", ".txt": "text"}
+    try:
+        if file.is_file():
+            builder = builders.get(file.suffix)
+            if builder is None:
+                raise CorpusError(f"cannot read {file}: unknown suffix {file.suffix!r}")
+            rows = datasets.load_dataset(builder, data_files=str(file), split="train")
+        else:
+            hf_split = config.hf_splits.get(split)
+            if hf_split is None:
+                raise CorpusError(
+                    f"hf_splits has no entry for split {split!r} (it has {sorted(config.hf_splits)})"
+                )
+            rows = datasets.load_dataset(path, config.hf_config, split=hf_split)
+    except CorpusError:
+        raise
+    except Exception as exc:  # datasets raises many kinds; name the source either way
+        raise CorpusError(
+            f"the `datasets` library could not load {path!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(rows)]
+
+
+class QADataset(Dataset):
+    """Base of the QA datasets: file reading, splits and limits. Subclasses convert rows."""
+
+    bundled: ClassVar[str] = ""
+    Config = QADatasetConfig
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self._cache: dict[str, list[Task]] = {}
+
+    def convert(self, record: dict[str, Any], where: str, index: int) -> Task | None:  # pragma: no cover
+        """One row as a task (``None`` skips it). Errors name ``where`` (file and line)."""
+        raise NotImplementedError
+
+    def _rows(self, path: str, split: str) -> list[tuple[str, dict[str, Any]]]:
+        if path.endswith(_LOCAL_SUFFIXES):  # ours to read (and to report missing)
+            return list(iter_records(Path(path).expanduser()))
+        return _load_with_datasets(path, self.config, split)
+
+    def _tasks(self, path: str, split: str) -> list[Task]:
+        tasks = []
+        for index, (where, record) in enumerate(self._rows(path, split)):
+            task = self.convert(record, where, index)
+            if task is not None:
+                tasks.append(task)
+        if not tasks:
+            raise CorpusError(f"{self.name} data {path} holds no usable rows")
+        return tasks
+
+    def load(self, split: str) -> list[Task]:
+        """The tasks of ``split`` (``train``, ``eval`` and its synonyms, or ``all``)."""
+        key = "eval" if split in _EVAL_SPLITS else split
+        if key not in {"train", "eval", "all"}:
+            raise CorpusError(f"dataset {self.name!r} has no split {split!r}; use train, eval or all")
+        if key not in self._cache:
+            self._cache[key] = self._split(key)
+        tasks = self._cache[key]
+        return list(tasks[: self.config.limit] if self.config.limit else tasks)
+
+    def _split(self, key: str) -> list[Task]:
+        config = self.config
+        path = config.path or str(bundled_path(self.bundled))
+        if not path.endswith(_LOCAL_SUFFIXES) and not Path(path).expanduser().is_file():
+            if key == "all":
+                return self._tasks(path, "train") + self._tasks(path, "eval")
+            return self._tasks(path, key)  # a hub dataset: its own splits
+        if config.eval_path is not None:
+            if key == "all":
+                return self._tasks(path, "train") + self._tasks(config.eval_path, "eval")
+            return self._tasks(config.eval_path if key == "eval" else path, key)
+        tasks = self._tasks(path, key)
+        if key == "all":
+            return tasks
+        held_out = (
+            config.eval_size if config.eval_size is not None else math.ceil(len(tasks) * config.eval_fraction)
+        )
+        held_out = min(held_out, len(tasks) - 1) if len(tasks) > 1 else 0
+        cut = len(tasks) - held_out
+        return tasks[cut:] if key == "eval" else tasks[:cut]
+
+
+# --------------------------------------------------------------------------------------------
+# Row helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _field(record: dict[str, Any], names: tuple[str, ...], where: str) -> Any:
+    for name in names:
+        if name in record and record[name] is not None:
+            return record[name]
+    wanted = " or ".join(repr(n) for n in names)
+    raise CorpusError(f"{where}: missing field {wanted} (fields present: {', '.join(sorted(record))})")
+
+
+def _question(record: dict[str, Any], where: str) -> str:
+    question = _field(record, ("question",), where)
+    if not isinstance(question, str) or not question.strip():
+        raise CorpusError(f"{where}: field 'question' should be a non-empty string, got {question!r}")
+    return question.strip()
+
+
+def _aliases(value: Any, where: str, field: str) -> list[str]:
+    if isinstance(value, dict):  # {"aliases": [...], "value": ...} style (TriviaQA)
+        value = [value.get("value"), *value.get("aliases", [])]
+    if not isinstance(value, (str, list, tuple)):
+        raise CorpusError(f"{where}: field {field!r} should be a string or a list of strings, got {value!r}")
+    aliases = [alias.strip() for alias in as_aliases(value) if str(alias).strip()]
+    if not aliases:
+        raise CorpusError(f"{where}: field {field!r} holds no answer")
+    return list(dict.fromkeys(aliases))
+
+
+def _supporting_titles(facts: Any) -> list[str]:
+    """Unique titles of HotpotQA/2Wiki supporting facts, in both layouts, in order."""
+    if isinstance(facts, dict):
+        titles = facts.get("title", [])
+    elif isinstance(facts, list):
+        titles = [fact[0] for fact in facts if isinstance(fact, (list, tuple)) and fact]
+    else:
+        titles = []
+    return list(dict.fromkeys(str(t) for t in titles))
+
+
+def _task(
+    dataset: str, task_id: str, question: str, answers: list[str], category: str, **metadata: Any
+) -> Task:
+    return Task(
+        id=task_id,
+        messages=[{"role": "user", "content": question}],
+        answer=answers,
+        category=category,
+        metadata={"dataset": dataset, "question": question, **metadata},
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Datasets
+# --------------------------------------------------------------------------------------------
+
+
+class HotpotQADataset(QADataset):
+    """HotpotQA in the distractor format (``question``, ``answer``, ``type``, ``level``,
+    ``supporting_facts``, ``context``); Hugging Face and original layouts both read.
+
+    Bundled: the first 200 "hard" dev questions. Their paragraphs are the bundled corpus
+    ``hotpotqa``; for your own file, point the retriever's ``corpus`` at the same file.
+    """
+
+    name = "hotpotqa"
+    bundled = "hotpotqa"
+
+    def convert(self, record: dict[str, Any], where: str, index: int) -> Task:
+        question = _question(record, where)
+        answers = _aliases(_field(record, ("answer",), where), where, "answer")
+        kind = record.get("type")
+        facts = record.get("supporting_facts")
+        return _task(
+            "hotpotqa",
+            str(record.get("id", record.get("_id", index))),
+            question,
+            answers,
+            f"hotpotqa/{kind}" if kind else "hotpotqa",
+            type=kind,
+            level=record.get("level"),
+            supporting_titles=_supporting_titles(facts),
+        )
+
+
+class TwoWikiMultihopQADataset(QADataset):
+    """2WikiMultihopQA: the original format (``_id``, ``type``, ``question``, ``answer``,
+    ``supporting_facts``, ``context``), or question/answer rows (``answer`` may be a list of aliases;
+    FlashRAG's ``golden_answers`` works too).
+
+    Bundled: 100 dev questions *without* evidence paragraphs: search them with an external corpus
+    (a Wikipedia index or a server), not the bundled ``hotpotqa`` corpus.
+    """
+
+    name = "2wikimultihopqa"
+    bundled = "2wikimultihopqa"
+
+    def convert(self, record: dict[str, Any], where: str, index: int) -> Task:
+        question = _question(record, where)
+        answers = _aliases(_field(record, ("answer", "golden_answers"), where), where, "answer")
+        kind = record.get("type")
+        task_id = record.get("_id", record.get("id", record.get("test_id", index)))
+        return _task(
+            "2wikimultihopqa",
+            str(task_id),
+            question,
+            answers,
+            f"2wikimultihopqa/{kind}" if kind else "2wikimultihopqa",
+            type=kind,
+            supporting_titles=_supporting_titles(record.get("supporting_facts")),
+        )
+
+
+_MUSIQUE_HOPS = re.compile(r"^(\d+)hop")
+_DOCUMENT_SUFFIX = re.compile(r"_\d+$")
+
+
+class MuSiQueDataset(QADataset):
+    """MuSiQue-Ans (``id``, ``question``, ``answer``, ``answer_aliases``, ``answerable``,
+    ``question_decomposition``, optionally ``paragraphs``).
+
+    Supporting titles come from the supporting ``paragraphs`` when present, else from the
+    decomposition's ``document_id`` (``"Title_0"`` → ``"Title"``). Unanswerable rows (MuSiQue-Full)
+    are skipped unless ``keep_unanswerable``. Bundled: 100 dev questions without paragraphs (use an
+    external corpus).
+    """
+
+    name = "musique"
+    bundled = "musique"
+
+    class Config(QADatasetConfig):
+        keep_unanswerable: bool = Field(False, description="keep rows with answerable=false")
+
+    def convert(self, record: dict[str, Any], where: str, index: int) -> Task | None:
+        if record.get("answerable") is False and not self.config.keep_unanswerable:
+            return None
+        question = _question(record, where)
+        answer = _field(record, ("answer",), where)
+        answers = _aliases([answer, *record.get("answer_aliases", [])], where, "answer")
+        task_id = str(record.get("id", index))
+        hops = _MUSIQUE_HOPS.match(task_id)
+        decomposition = record.get("question_decomposition") or []
+        if isinstance(record.get("paragraphs"), list):
+            titles = [str(p.get("title", "")) for p in record["paragraphs"] if p.get("is_supporting")]
+        else:
+            titles = [
+                _DOCUMENT_SUFFIX.sub("", str(step["document_id"]))
+                for step in decomposition
+                if isinstance(step, dict) and step.get("document_id")
+            ]
+        return _task(
+            "musique",
+            task_id,
+            question,
+            answers,
+            f"musique/{hops.group(1)}hop" if hops else "musique",
+            hops=int(hops.group(1)) if hops else None,
+            answerable=record.get("answerable", True),
+            supporting_titles=list(dict.fromkeys(t for t in titles if t)),
+            decomposition=[
+                {"question": step.get("question"), "answer": step.get("answer")}
+                for step in decomposition
+                if isinstance(step, dict)
+            ],
+        )
+
+
+class NQDataset(QADataset):
+    """Natural-Questions-style rows ``{"id", "question", "golden_answers": [...]}`` (the FlashRAG
+    format, shared by TriviaQA, PopQA, WebQuestions... exports). ``answer``/``answers`` also work.
+
+    Bundled: the 17-question NQ toy set that goes with the bundled ``wiki`` passages.
+    """
+
+    name = "nq"
+    bundled = "nq"
+
+    class Config(QADatasetConfig):
+        category: str = Field("nq", description="category of every task (e.g. 'triviaqa')")
+
+    def convert(self, record: dict[str, Any], where: str, index: int) -> Task:
+        question = _question(record, where)
+        answers = _aliases(
+            _field(record, ("golden_answers", "answers", "answer"), where), where, "golden_answers"
+        )
+        return _task(
+            self.config.category, str(record.get("id", index)), question, answers, self.config.category
+        )
+
+
+DATASETS: list[type[QADataset]] = [HotpotQADataset, TwoWikiMultihopQADataset, MuSiQueDataset, NQDataset]
+
+LOADERS: dict[str, Callable[..., QADataset]] = {cls.name: cls for cls in DATASETS}
+"""Dataset name → class."""
