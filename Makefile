@@ -4,6 +4,7 @@
 # Torch is installed on its own, before anything else, so that pip never resolves an unpinned
 # torch (which would pull several GB of CUDA packages on a CPU machine). GPU users override:
 #   make test TORCH_SPEC="torch==2.7.1" TORCH_INDEX=https://download.pytorch.org/whl/cu128
+SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -39,13 +40,14 @@ lint: venv
 
 docs: venv
 	$(BIN)/python docs/gen_reference.py
-	$(BIN)/mkdocs build --strict --quiet --site-dir .cache/site
+	$(BIN)/mkdocs build --strict --site-dir .cache/site 2>&1 | grep -v "^INFO" ; test $${PIPESTATUS[0]} -eq 0
 
 test: venv lint docs
 	$(BIN)/python -m pytest -q
 
 bench: venv
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/bench_prefix_sharing.py
+	$(BIN)/python benchmarks/process_rewards.py --tiny --steps 3 --seeds 0 1
 
 clean:
 	rm -rf $(VENV) .cache site dist build

@@ -10,7 +10,9 @@ from foundation_helpers import ISOLATE, write_sites
 
 from agent_r1 import ConfigError
 from agent_r1.config import (
+    BUNDLED_CONFIGS,
     RunConfig,
+    bundled_config_path,
     load_config,
     load_raw_config,
     resolved_dict,
@@ -148,6 +150,13 @@ def test_bad_yaml_files_are_explained(tmp_path: Path) -> None:
 def test_bundled_config_loads_by_name() -> None:
     config = load_raw_config("demo")
     assert config["algorithm"]["name"] == "grpo"
+
+
+def test_bundled_config_names_are_the_files_present() -> None:
+    assert "demo" in BUNDLED_CONFIGS
+    assert all(bundled_config_path(name) is not None for name in BUNDLED_CONFIGS)
+    message = str(config_error(Path("no-such-config")))
+    assert f"(bundled configs: {', '.join(BUNDLED_CONFIGS)})" in message
 
 
 # --------------------------------------------------------------------------------------------

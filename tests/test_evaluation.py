@@ -175,6 +175,9 @@ def test_summary_success_and_categories(summary: dict) -> None:
             "successes": 3,
             "success": 0.75,
             "pass_at_k": pytest.approx({"pass@1": 0.75, "pass@2": 1.0}),
+            "rewards": pytest.approx({"answer_match": 0.75, "tool_call": 0.1 / 4}),
+            "turns_mean": 1.75,
+            "tool_calls_mean": 1.0,
         },
         "mul": {
             "trajectories": 2,
@@ -182,6 +185,9 @@ def test_summary_success_and_categories(summary: dict) -> None:
             "successes": 0,
             "success": 0.0,
             "pass_at_k": {"pass@1": 0.0, "pass@2": 0.0},
+            "rewards": {"answer_match": 0.0, "tool_call": 0.0},  # every signal, 0 where none was given
+            "turns_mean": 1.0,
+            "tool_calls_mean": 0.0,
         },
         "uncategorized": {
             "trajectories": 2,
@@ -189,8 +195,12 @@ def test_summary_success_and_categories(summary: dict) -> None:
             "successes": 1,
             "success": 0.5,
             "pass_at_k": {"pass@1": 0.5, "pass@2": 1.0},
+            "rewards": {"answer_match": 0.75, "tool_call": 0.0},
+            "turns_mean": 1.0,
+            "tool_calls_mean": 0.0,
         },
     }
+    assert summary["datasets"] == {}  # no category reads <dataset>/<type>
     # per task: a1 1/2, a2 2/2, m1 0/2, u1 1/2 -> pass@1 = mean(0.5, 1, 0, 0.5); pass@2 = mean(1, 1, 0, 1)
     assert summary["pass_at_k"] == pytest.approx({"pass@1": 0.5, "pass@2": 0.75})
     assert summary["warnings"] == []
@@ -209,6 +219,74 @@ def test_summary_rewards_and_behaviour(summary: dict) -> None:
     assert summary["truncation_rate"] == pytest.approx(1 / 8)
     # policy tokens: 4 per turn, 12 for the one long answer
     assert summary["response_length_mean"] == pytest.approx((8 + 8 + 8 + 4 + 4 + 12 + 4 + 4) / 8)
+
+
+def qa_summary() -> dict:
+    """Two datasets, one of them with two question types, scored with EM and F1 as QA rewards."""
+    task_map = tasks(
+        ("b1", "hotpotqa/bridge"),
+        ("b2", "hotpotqa/bridge"),
+        ("c1", "hotpotqa/comparison"),
+        ("n1", "nq"),
+    )
+
+    def qa(task_id: str, index: int, em: float, f1: float, searches: int) -> Trajectory:
+        trajectory = make_trajectory(task_id, index, success=None, tool_results=(True,) * searches)
+        trajectory.rewards.append(RewardSignal(name="qa_em", value=em))
+        trajectory.rewards.append(RewardSignal(name="qa_f1", value=f1))
+        return trajectory
+
+    trajectories = [
+        qa("b1", 0, em=1.0, f1=1.0, searches=2),
+        qa("b1", 1, em=0.0, f1=0.5, searches=1),
+        qa("b2", 0, em=0.0, f1=0.0, searches=0),
+        qa("b2", 1, em=0.0, f1=0.25, searches=3),
+        qa("c1", 0, em=1.0, f1=1.0, searches=1),
+        qa("c1", 1, em=1.0, f1=1.0, searches=1),
+        qa("n1", 0, em=0.0, f1=0.4, searches=4),
+        qa("n1", 1, em=1.0, f1=1.0, searches=0),
+    ]
+    return summarize_eval(trajectories, task_map, success_signal="qa_em", ks=(1, 2))
+
+
+def test_summary_per_dataset_rewards_turns_and_tool_calls() -> None:
+    summary = qa_summary()
+    bridge = summary["categories"]["hotpotqa/bridge"]
+    assert bridge["rewards"] == pytest.approx({"qa_em": 0.25, "qa_f1": 1.75 / 4})
+    assert bridge["tool_calls_mean"] == pytest.approx(6 / 4)
+    assert bridge["turns_mean"] == pytest.approx(7 / 4)  # a search turn, then the answer turn
+    assert set(summary["datasets"]) == {"hotpotqa", "nq"}
+    hotpot, nq = summary["datasets"]["hotpotqa"], summary["datasets"]["nq"]
+    assert hotpot["categories"] == ["hotpotqa/bridge", "hotpotqa/comparison"]
+    assert nq["categories"] == ["nq"]
+    assert (hotpot["tasks"], hotpot["trajectories"], hotpot["successes"]) == (3, 6, 3)
+    assert hotpot["success"] == pytest.approx(0.5)
+    assert hotpot["rewards"] == pytest.approx({"qa_em": 3 / 6, "qa_f1": 3.75 / 6})
+    assert hotpot["pass_at_k"] == pytest.approx({"pass@1": 0.5, "pass@2": 2 / 3})
+    assert hotpot["tool_calls_mean"] == pytest.approx(8 / 6)
+    assert hotpot["turns_mean"] == pytest.approx(11 / 6)
+    assert nq["rewards"] == pytest.approx({"qa_em": 0.5, "qa_f1": 0.7})
+    assert (nq["tool_calls_mean"], nq["turns_mean"]) == (2.0, 1.5)
+    # the per-dataset means are trajectory-weighted, like the overall ones
+    overall_em = sum(d["rewards"]["qa_em"] * d["trajectories"] for d in summary["datasets"].values()) / 8
+    assert overall_em == pytest.approx(summary["rewards"]["qa_em"])
+    assert json.loads(json.dumps(summary)) == summary
+
+
+def test_eval_markdown_table_by_dataset() -> None:
+    text = eval_markdown(qa_summary())
+    lines = text.splitlines()
+    header = (
+        "| {} | tasks | trajectories | success | qa_em | qa_f1 | turns / episode | tool calls / episode |"
+    )
+    by_dataset = lines.index("## By dataset")
+    by_category = lines.index("## By category")
+    assert by_dataset < by_category
+    assert lines[by_dataset + 2] == header.format("dataset")
+    assert "| hotpotqa | 3 | 6 | 50.0% | 0.500 | 0.625 | 1.83 | 1.33 |" in lines[by_dataset:by_category]
+    assert "| nq | 1 | 2 | 50.0% | 0.500 | 0.700 | 1.50 | 2.00 |" in lines[by_dataset:by_category]
+    assert lines[by_category + 2] == header.format("category")
+    assert "| hotpotqa/bridge | 2 | 4 | 25.0% | 0.250 | 0.438 | 1.75 | 1.50 |" in lines[by_category:]
 
 
 def test_summary_is_json_ready(summary: dict) -> None:
@@ -266,7 +344,8 @@ def test_eval_markdown(summary: dict) -> None:
     text = eval_markdown(summary)
     assert "**Success (answer_match ≥ 1): 50.0%**" in text
     assert "| pass@1 | pass@2 |" in text
-    assert "| add | 2 | 4 | 75.0% |" in text
+    assert "| add | 2 | 4 | 75.0% | 0.750 | 0.025 | 1.75 | 1.00 |" in text
+    assert "## By dataset" not in text  # the categories name no datasets
     assert "| uncategorized | 1 | 2 | 50.0% |" in text
     assert "| tool-use rate | 37.5% |" in text
     assert "| max_turns | 1 |" in text

@@ -215,3 +215,38 @@ def test_train_run_writes_everything_and_calls_observers(
     assert summary["after"]["success"] >= 0.0
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert {"toy", "builtins"} <= {p["plugin"] for p in provenance}
+
+
+def test_remax_gets_a_greedy_baseline_per_task(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    config = toy_config(
+        model_dir,
+        tmp_path / "run",
+        algorithm={"name": "grpo", "estimator": {"name": "remax"}},
+        trainer={"steps": 1, "tasks_per_step": 2, "micro_batch_size": 8},
+    )
+    trainer = _trainer(config, registry)
+    metrics = trainer.train_step()
+    assert "reward/baseline_score_mean" in metrics
+    baselines = {t.task_id: t.metrics["baseline_score"] for t in trainer.last_trajectories}
+    assert len(baselines) == 2
+    # advantage = score - baseline of the task, broadcast over the policy tokens
+    expected = [t.score - t.metrics["baseline_score"] for t in trainer.last_trajectories]
+    assert metrics["advantages/max"] == pytest.approx(max(expected), abs=1e-5)
+    assert metrics["advantages/min"] == pytest.approx(min(expected), abs=1e-5)
+
+
+def test_kl_in_the_reward_reaches_score_based_estimators(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    results = {}
+    for coef in (0.0, 5.0):
+        config = toy_config(
+            model_dir,
+            tmp_path / f"run{coef}",
+            algorithm={"name": "rloo", "kl": {"coef": coef, "placement": "reward", "estimator": "k1"}},
+            trainer={"steps": 2, "tasks_per_step": 2, "micro_batch_size": 8, "lr": 1e-2},
+        )
+        trainer = _trainer(config, registry)
+        trainer.update_on(fixed_trajectories(trainer.tokenizer))  # moves the policy away from the reference
+        results[coef] = trainer.update_on(fixed_trajectories(trainer.tokenizer))
+    assert results[0.0]["advantages/max"] != pytest.approx(results[5.0]["advantages/max"], abs=1e-4)

@@ -340,6 +340,33 @@ def view(
         _fail(exc)
 
 
+# --------------------------------------------------------------------------------------------
+# new-plugin
+# --------------------------------------------------------------------------------------------
+
+
+@app.command("new-plugin")
+def new_plugin(
+    name: str = typer.Argument(..., help="plugin name, e.g. 'weather' (letters, digits, _ or -)"),
+    directory: Path = typer.Option(
+        Path("."), "--dir", help="parent directory; the plugin goes to DIR/agent-r1-plugin-<name>"
+    ),
+) -> None:
+    """Scaffold a plugin distribution: a tool, an environment, a dataset, a reward shaper, tests."""
+    from agent_r1.scaffold import plugin_names, render_plugin
+
+    try:
+        names = plugin_names(name)
+        project = render_plugin(name, directory)
+    except AgentR1Error as exc:
+        _fail(exc)
+    typer.echo(f"created {names.distribution} (plugin {names.name!r}) in {project}")
+    typer.echo("next:")
+    typer.echo(f"  cd {project}")
+    typer.echo('  pip install -e ".[test]"')
+    typer.echo("  agent-r1 plugins list && pytest")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Console entry point."""
     return app(args=argv if argv is not None else sys.argv[1:], prog_name="agent-r1")

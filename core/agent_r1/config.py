@@ -104,7 +104,7 @@ class CriticConfig(_Section):
     path: str | None = Field(None, description="model for a separate critic (defaults to model.path)")
     lr: float = Field(1e-5, gt=0, description="critic learning rate")
     value_clip: float | None = Field(0.2, description="PPO value clipping range; null disables")
-    coef: float = Field(0.5, ge=0, description="value-loss weight when sharing the backbone")
+    coef: float = Field(0.5, ge=0, description="weight of the value loss in the total loss")
 
 
 class AlgorithmConfig(_Section):
@@ -122,7 +122,11 @@ class AlgorithmConfig(_Section):
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and refill")
     max_refill_rounds: int = Field(2, ge=0, description="dynamic sampling: extra rollout rounds at most")
     mask_truncated: bool = Field(False, description="DAPO: truncated trajectories carry no loss")
-    tis_cap: float | None = Field(None, description="truncated importance sampling cap C (vLLM)")
+    tis_cap: float | None = Field(
+        None,
+        description="truncated importance sampling cap C (for backends whose log-probabilities "
+        "differ from the trainer's)",
+    )
 
 
 class TrainerConfig(_Section):
@@ -307,7 +311,20 @@ def _first_error_path(exc: ValidationError, root: str = "") -> str | None:
 # Loading
 # --------------------------------------------------------------------------------------------
 
-BUNDLED_CONFIGS = ("demo", "demo_fast", "search_example")
+
+def bundled_config_names() -> tuple[str, ...]:
+    """Names of the configs that ship with agent-r1 (the ``*.yaml`` files of ``agent_r1/configs``),
+    sorted."""
+    directory = resources.files("agent_r1") / "configs"
+    if not directory.is_dir():
+        return ()
+    return tuple(
+        sorted(item.name[: -len(".yaml")] for item in directory.iterdir() if item.name.endswith(".yaml"))
+    )
+
+
+BUNDLED_CONFIGS = bundled_config_names()
+"""Names of the bundled configs (``demo``...), as found on disk when agent-r1 was imported."""
 
 
 def bundled_config_path(name: str) -> Path | None:
@@ -354,7 +371,7 @@ def load_raw_config(path: str | Path | None = None, overrides: Sequence[str] = (
         if not file.exists():
             bundled = bundled_config_path(str(path))
             if bundled is None:
-                bundled_names = ", ".join(BUNDLED_CONFIGS)
+                bundled_names = ", ".join(bundled_config_names())
                 raise ConfigError(
                     f"config file {str(path)!r} does not exist (bundled configs: {bundled_names})"
                 )

@@ -361,7 +361,7 @@ class Tracker(Component):
         pass
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:  # pragma: no cover
-        """Record one step's metrics (names such as ``reward/mean``; values are numbers)."""
+        """Record one step's metrics (names such as ``reward/score_mean``; values are numbers)."""
         raise NotImplementedError
 
     def close(self) -> None:

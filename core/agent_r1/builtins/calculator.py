@@ -483,9 +483,8 @@ class CalculatorEnv(ToolEnv):
     The system message is the short ``system_prompt`` plus the format's tool list. With
     ``few_shot: k`` the conversation starts with ``k`` worked examples as earlier turns (question,
     call, result, answer), written by the format itself so that changing the format options keeps
-    them consistent. Small models follow demonstrations given as real turns far better than ones
-    described inside the system prompt: with SmolLM2-135M-Instruct, greedy success on 24 held-out
-    tasks went from 0/24 (one example inside the system prompt) to 6/24 (two examples as turns).
+    them consistent. Small models (such as SmolLM2-135M-Instruct) follow demonstrations given as
+    real turns far better than examples described inside the system prompt.
     """
 
     name = "calculator"

@@ -121,8 +121,8 @@ class ToolCallReward(RewardShaper):
     non-zero total, carrying that ``turn``.
 
     **Reward hacking.** A bonus for well-formed tool calls on its own pays the policy to keep calling
-    the tool instead of answering: in an early trial one seed in three collapsed that way (turns ran
-    to ``max_turns`` and success fell to 0%). The defaults are therefore the safe ones: the success
+    the tool instead of answering, and a run can collapse that way (turns run to ``max_turns`` and
+    success falls to 0%). The defaults are therefore the safe ones: the success
     bonus counts only when the episode also produced a final answer (``only_if_answered``), and at
     most ``max_rewarded_calls`` (1) successful calls per episode are rewarded. Penalties are neither
     capped nor conditional. Watch ``termination/max_turns`` and ``tools/calls_mean`` when you loosen

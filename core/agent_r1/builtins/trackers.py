@@ -222,7 +222,7 @@ class ConsoleTracker(Tracker):
     class Config(ComponentConfig):
         every: int = Field(1, ge=1, description="print every this many steps")
         keys: list[str] = Field(
-            default_factory=lambda: ["reward/mean", "actor/loss", "actor/kl", "response/length_mean"],
+            default_factory=lambda: ["reward/score_mean", "actor/loss", "actor/kl", "response/length_mean"],
             description="metrics to print (those a step lacks are skipped)",
         )
         stream: Literal["stdout", "stderr"] = "stderr"

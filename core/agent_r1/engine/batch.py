@@ -23,6 +23,7 @@ class TrainBatch:
     scores: torch.Tensor  # [B] float
     truncated: torch.Tensor  # [B] bool
     group_ids: list[str]
+    trajectories: list[Trajectory]
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -87,6 +88,7 @@ def collate(
         scores=torch.tensor([t.score for t in trajectories], dtype=torch.float32),
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
+        trajectories=list(trajectories),
     )
 
 

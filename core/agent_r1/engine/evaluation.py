@@ -102,6 +102,12 @@ def _mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else 0.0
 
 
+def dataset_of(category: str) -> str:
+    """The dataset of a ``<dataset>/<type>`` category (``hotpotqa/bridge`` → ``hotpotqa``); a
+    category without ``/`` is its own dataset."""
+    return category.split("/", 1)[0]
+
+
 def summarize_eval(
     trajectories: Sequence[Trajectory],
     tasks_by_id: Mapping[str, Task],
@@ -120,7 +126,13 @@ def summarize_eval(
     * ``pass_at_k``: ``{"pass@k": value}`` for each ``k`` in ``ks`` that at least one task has
       ``n >= k`` samples for (tasks with fewer samples are left out of that k);
     * ``categories``: per ``task.category`` (``"uncategorized"`` when ``None``):
-      ``{"trajectories", "tasks", "successes", "success", "pass_at_k"}``;
+      ``{"trajectories", "tasks", "successes", "success", "pass_at_k", "rewards", "turns_mean",
+      "tool_calls_mean"}``, where ``rewards`` holds the mean of every signal of the evaluation (as
+      in the overall ``rewards``: a trajectory without the signal counts 0), so e.g.
+      ``categories["hotpotqa/bridge"]["rewards"]["qa_em"]`` is that category's exact match;
+    * ``datasets``: when some category reads ``<dataset>/<type>`` (``hotpotqa/bridge``), the same
+      statistics per dataset (the part before the first ``/``; a category without ``/`` is its own
+      dataset), each with ``categories`` listing its categories; empty otherwise;
     * ``rewards``: mean per trajectory of each signal's unweighted per-episode sum, by signal name
       (a trajectory without the signal counts 0); ``score_mean``: mean weighted score;
     * ``tool_use_rate`` (share with at least one tool call that ran), ``tool_calls_mean``,
@@ -139,14 +151,17 @@ def summarize_eval(
     successes: list[bool] = []
     missing_signal = 0
     per_task: dict[str, list[bool]] = defaultdict(list)
+    rows_of_task: dict[str, list[int]] = defaultdict(list)  # task id -> indexes into trajectories
     reward_sums: dict[str, float] = defaultdict(float)
-    for trajectory in trajectories:
+    rewards_of: list[dict[str, float]] = []
+    for row, trajectory in enumerate(trajectories):
         if trajectory.task_id not in tasks_by_id:
             raise KeyError(
                 f"trajectory {trajectory.id!r} belongs to task {trajectory.task_id!r}, which is not among "
                 f"the {len(tasks_by_id)} evaluation tasks passed to summarize_eval"
             )
         by_name = trajectory.reward_by_name()
+        rewards_of.append(by_name)
         for name, value in by_name.items():
             reward_sums[name] += value
         if success_signal not in by_name:
@@ -154,6 +169,7 @@ def summarize_eval(
         ok = by_name.get(success_signal, 0.0) >= success_threshold - _SUCCESS_EPS
         successes.append(ok)
         per_task[trajectory.task_id].append(ok)
+        rows_of_task[trajectory.task_id].append(row)
 
     if missing_signal:
         warnings.append(
@@ -168,22 +184,40 @@ def summarize_eval(
         if short:
             warnings.append(f"pass@{k}: {short} task(s) have fewer than {k} samples and are left out")
 
-    categories: dict[str, dict[str, Any]] = {}
-    by_category: dict[str, list[str]] = defaultdict(list)
-    for task_id in per_task:
-        by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
-    for category in sorted(by_category):
-        task_ids = by_category[category]
+    tool_calls = [_tool_calls(t) for t in trajectories]
+    turns = [_turns(t) for t in trajectories]
+    signals = sorted(reward_sums)
+
+    def group(task_ids: Sequence[str]) -> dict[str, Any]:
         oks = [ok for task_id in task_ids for ok in per_task[task_id]]
-        categories[category] = {
+        rows = [row for task_id in task_ids for row in rows_of_task[task_id]]
+        return {
             "trajectories": len(oks),
             "tasks": len(task_ids),
             "successes": sum(oks),
             "success": _mean([float(ok) for ok in oks]),
             "pass_at_k": _pass_at_ks((counts[t] for t in task_ids), ks),
+            "rewards": {name: _mean([rewards_of[r].get(name, 0.0) for r in rows]) for name in signals},
+            "turns_mean": _mean([float(turns[r]) for r in rows]),
+            "tool_calls_mean": _mean([float(tool_calls[r]) for r in rows]),
         }
 
-    tool_calls = [_tool_calls(t) for t in trajectories]
+    by_category: dict[str, list[str]] = defaultdict(list)
+    for task_id in per_task:
+        by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
+    categories = {category: group(by_category[category]) for category in sorted(by_category)}
+    datasets: dict[str, dict[str, Any]] = {}
+    if any("/" in category for category in by_category):
+        by_dataset: dict[str, list[str]] = defaultdict(list)
+        for category in sorted(by_category):
+            by_dataset[dataset_of(category)].append(category)
+        for name in sorted(by_dataset):
+            members = by_dataset[name]
+            datasets[name] = {
+                **group([task_id for category in members for task_id in by_category[category]]),
+                "categories": members,
+            }
+
     results = [_tool_results(t) for t in trajectories]
     format_errors = [_format_errors(t) for t in trajectories]
     total_calls = sum(tool_calls)
@@ -200,14 +234,15 @@ def summarize_eval(
         "successes": sum(successes),
         "pass_at_k": _pass_at_ks(counts.values(), ks),
         "categories": categories,
-        "rewards": {name: reward_sums[name] / n_total for name in sorted(reward_sums)},
+        "datasets": datasets,
+        "rewards": {name: reward_sums[name] / n_total for name in signals},
         "score_mean": _mean([t.score for t in trajectories]),
         "tool_use_rate": _mean([float(n > 0) for n in tool_calls]),
         "tool_calls_mean": _mean([float(n) for n in tool_calls]),
         "tool_error_rate": failed_results / tool_denominator if tool_denominator else 0.0,
         "format_error_rate": _mean([float(n > 0) for n in format_errors]),
         "format_errors_mean": _mean([float(n) for n in format_errors]),
-        "turns_mean": _mean([float(_turns(t)) for t in trajectories]),
+        "turns_mean": _mean([float(n) for n in turns]),
         "termination": dict(Counter(_termination(t) for t in trajectories).most_common()),
         "truncation_rate": _mean([float(t.truncated) for t in trajectories]),
         "response_length_mean": _mean([float(t.num_policy_tokens) for t in trajectories]),
@@ -266,8 +301,32 @@ MEAN_METRICS: tuple[tuple[str, str], ...] = (
 """Summary keys that are means, shown as numbers."""
 
 
+def _group_table(label: str, groups: Mapping[str, Mapping[str, Any]], signals: Sequence[str]) -> list[str]:
+    """One row per category or dataset: counts, success, the mean of every reward signal (e.g. EM
+    and F1), turns and tool calls per episode (searches per question, with the search tool)."""
+    header = [label, "tasks", "trajectories", "success", *signals, "turns / episode", "tool calls / episode"]
+    rows = []
+    for name, g in groups.items():
+        rewards = g.get("rewards") or {}
+        rows.append(
+            [
+                name,
+                str(g.get("tasks", 0)),
+                str(g.get("trajectories", 0)),
+                _pct(g.get("success")),
+                *[_num(rewards.get(signal), 3) for signal in signals],
+                _num(g.get("turns_mean")),
+                _num(g.get("tool_calls_mean")),
+            ]
+        )
+    return _table(header, rows)
+
+
 def eval_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> str:
-    """A Markdown report of one :func:`summarize_eval` summary."""
+    """A Markdown report of one :func:`summarize_eval` summary: overall success and pass@k; tables
+    by dataset (when the summary has ``datasets``) and by category with success, the mean of every
+    reward signal (EM and F1 with the search plugin), turns and tool calls per episode; then the
+    rewards, behaviour, termination reasons and warnings."""
     lines = [f"# {title}", ""]
     signal = summary.get("success_signal", "answer_match")
     threshold = summary.get("success_threshold", 1.0)
@@ -281,16 +340,16 @@ def eval_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> s
     if pass_k:
         lines += _table(list(pass_k), [[_pct(v) for v in pass_k.values()]])
         lines.append("")
+    signals = list(summary.get("rewards") or {})
+    datasets = summary.get("datasets") or {}
+    if datasets:
+        lines += ["## By dataset", ""]
+        lines += _group_table("dataset", datasets, signals)
+        lines.append("")
     categories = summary.get("categories") or {}
     if categories:
         lines += ["## By category", ""]
-        lines += _table(
-            ["category", "tasks", "trajectories", "success"],
-            [
-                [name, str(c.get("tasks", 0)), str(c.get("trajectories", 0)), _pct(c.get("success"))]
-                for name, c in categories.items()
-            ],
-        )
+        lines += _group_table("category", categories, signals)
         lines.append("")
     rewards = summary.get("rewards") or {}
     if rewards:
@@ -389,6 +448,7 @@ __all__ = [
     "UNCATEGORIZED",
     "compare_markdown",
     "comparison_rows",
+    "dataset_of",
     "eval_markdown",
     "pass_at_k",
     "summarize_eval",

@@ -556,8 +556,8 @@ def load_policy(
     dtype = getattr(torch, _DTYPES[model_cfg.dtype])
     if target.type == "cpu" and dtype != torch.float32:
         warnings.warn(
-            f"model.dtype={model_cfg.dtype} on CPU is much slower than float32 (about 30x measured for "
-            "bfloat16) and less precise; use model.dtype=float32 on CPU",
+            f"model.dtype={model_cfg.dtype} on CPU is usually much slower than float32 (many CPUs lack "
+            "fast half-precision kernels) and less precise; use model.dtype=float32 on CPU",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -277,6 +277,7 @@ class RolloutEngine:
                 logprobs=logprobs,
                 text=self.renderer.action_text(ids, finish),
                 finish_reason=finish,
+                stop_sequence=generation.stop_sequence if finish == "stop" else None,
             )
             episode.trajectory.append(TokenSource.POLICY, turn, ids, logprobs)
             episode.messages.append(

@@ -72,7 +72,7 @@ def run_eval(trainer: Any, config: RunConfig, tasks: list[Task], *, step: int, l
     from agent_r1.engine.evaluation import summarize_eval
 
     ev = config.eval
-    trajectories = trainer.collect(
+    trajectories = trainer.collect_all(
         tasks, ev.samples, seed=config.seed + 424_242, temperature=ev.temperature, salt=f"eval-{label}"
     )
     ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= ev.samples)
@@ -81,7 +81,8 @@ def run_eval(trainer: Any, config: RunConfig, tasks: list[Task], *, step: int, l
     )
     summary["step"] = step
     summary["label"] = label
-    save_trajectories(trainer.run_dir / f"eval_{label}.jsonl", trajectories)
+    if trainer.is_main:
+        save_trajectories(trainer.run_dir / f"eval_{label}.jsonl", trajectories)
     trainer.registry.notify("on_eval_end", step=step, report=summary)
     return summary
 

@@ -53,6 +53,9 @@ from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Task, Trajectory
 from agent_r1.registry import Registry, get_registry
 
+LOSS_SHARES = frozenset({"actor/pg_loss", "actor/loss", "critic/value_loss"})
+"""Metrics that are a micro-batch's share of an update's loss: summed per update, then averaged."""
+
 
 class TrainingAborted(AgentR1Error):
     """Training stopped on purpose (e.g. too many non-finite losses in a row)."""
@@ -165,6 +168,17 @@ class Trainer:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
+
+        per_process, remainder = divmod(config.trainer.tasks_per_step, self.world)
+        if remainder or per_process * config.rollout.group_size < config.trainer.mini_batches:
+            from agent_r1.errors import ConfigError
+
+            raise ConfigError(
+                f"trainer.tasks_per_step={config.trainer.tasks_per_step} must be a multiple of the "
+                f"{self.world} processes, and each process's share times rollout.group_size must be at "
+                f"least trainer.mini_batches={config.trainer.mini_batches}",
+                path="trainer.tasks_per_step",
+            )
 
         # -- algorithm: estimator + loss + aggregation ----------------------------------------
         algo_cls = self.components["algorithm"].cls
@@ -296,6 +310,16 @@ class Trainer:
         self.score(trajectories, {t.id: t for t in tasks})
         return trajectories
 
+    def collect_all(
+        self, tasks: list[Task], group_size: int, *, seed: int, temperature: float, salt: str
+    ) -> list[Trajectory]:
+        """Like :meth:`collect`, but the tasks are shared out across processes and every process
+        gets all trajectories back (evaluation)."""
+        mine = self.collect(
+            tasks[self.rank :: self.world], group_size, seed=seed, temperature=temperature, salt=salt
+        )
+        return self._all_gather(mine)
+
     def score(self, trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> None:
         """Add every shaper's signals (with its configured weight) to each trajectory."""
         for trajectory in trajectories:
@@ -316,6 +340,7 @@ class Trainer:
         timings: dict[str, float] = {}
         started = time.perf_counter()
         tasks = self._my_tasks()
+        used_tasks = {t.id: t for t in tasks}
         trajectories = self.collect(
             tasks,
             cfg.rollout.group_size,
@@ -331,8 +356,10 @@ class Trainer:
             wanted = len(tasks)
             while len({t.group_id for t in kept}) < wanted and rounds < cfg.algorithm.max_refill_rounds:
                 rounds += 1
+                more = self._my_tasks()
+                used_tasks.update((t.id, t) for t in more)
                 extra = self.collect(
-                    self._my_tasks(),
+                    more,
                     cfg.rollout.group_size,
                     seed=self._step_seed(step, rounds),
                     temperature=cfg.rollout.temperature,
@@ -344,6 +371,20 @@ class Trainer:
             kept = [t for t in kept if t.group_id in set(groups)]
             stats["batch/refill_rounds"] = rounds
             trajectories = kept if kept else trajectories  # never train on an empty batch
+        if self.estimator.needs_baseline_rollout:
+            # ReMax: the score of one greedy rollout per task is each trajectory's baseline.
+            needed = {t.task_id for t in trajectories}
+            greedy = self.collect(
+                [t for t in used_tasks.values() if t.id in needed],
+                1,
+                seed=self._step_seed(step, 77),
+                temperature=0.0,
+                salt=f"s{step}g",
+            )
+            baseline = {t.task_id: t.score for t in greedy}
+            for trajectory in trajectories:
+                trajectory.metrics["baseline_score"] = baseline[trajectory.task_id]
+            stats["reward/baseline_score_mean"] = sum(baseline.values()) / max(len(baseline), 1)
         timings["time/rollout_s"] = time.perf_counter() - started
         return trajectories, {**stats, **timings}
 
@@ -415,6 +456,11 @@ class Trainer:
         metrics.update(update_metrics)
         if ref_logprobs is not None:
             observed = update_metrics.get("actor/kl", kl_reward_mean)
+            if self.world > 1:  # every process must move beta identically
+                mean = self.accelerator.reduce(
+                    torch.tensor([observed], device=self.accelerator.device), "mean"
+                )
+                observed = float(mean[0])
             self.kl_ctl.update(observed, len(everything))
             metrics["actor/kl_coef"] = self.kl_ctl.value
         metrics.update(_trajectory_metrics(everything))
@@ -484,13 +530,16 @@ class Trainer:
     def _advantages(
         self, batch: TrainBatch, full: TrainBatch, token_rewards: torch.Tensor, values: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Scores are re-derived from the token rewards so that a KL penalty placed in the reward
+        # reaches score-based estimators (grpo, rloo...) too.
         if self.world == 1:
             inputs = AdvantageInput(
                 token_rewards=token_rewards,
                 loss_mask=batch.loss_mask,
-                scores=batch.scores.to(token_rewards.device),
+                scores=token_rewards.sum(dim=-1),
                 group_ids=batch.group_ids,
                 values=values,
+                baseline_scores=_baseline_scores(batch.trajectories),
             )
             return self.estimator.compute(inputs)
         # Every process computes the advantages of the whole batch from gathered rows (same result
@@ -501,12 +550,14 @@ class Trainer:
         rows_values = gather_object([v.cpu() for v in values]) if values is not None else None
         length = full.input_ids.shape[1]
         pad = lambda rows: torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[0])) for r in rows])  # noqa: E731
+        all_rewards = pad(rows_rewards)
         inputs = AdvantageInput(
-            token_rewards=pad(rows_rewards),
+            token_rewards=all_rewards,
             loss_mask=full.loss_mask,
-            scores=full.scores,
+            scores=all_rewards.sum(dim=-1),
             group_ids=full.group_ids,
             values=pad(rows_values) if rows_values is not None else None,
+            baseline_scores=_baseline_scores(full.trajectories),
         )
         adv, ret = self.estimator.compute(inputs)
         sizes: list[int] = gather_object([len(batch)])
@@ -556,6 +607,7 @@ class Trainer:
                 micro_rows = [rows_all[i : i + mb] for i in range(0, len(rows_all), mb)]
                 normalizer = self._global_normalizer([batch.loss_mask[r] for r in micro_rows])
                 self.optimizer.zero_grad(set_to_none=True)
+                update_sums: dict[str, float] = {}
                 step_ok = True
                 t_fb = time.perf_counter()
                 for k, rows in enumerate(micro_rows):
@@ -582,9 +634,15 @@ class Trainer:
                         with self.accelerator.no_sync(self.model):
                             self.accelerator.backward(loss * self.world)
                     for name, value in parts.items():
-                        sums[name] += value
-                        counts[name] += 1
+                        if name in LOSS_SHARES:  # a micro-batch's share: sum them per update
+                            update_sums[name] = update_sums.get(name, 0.0) + value
+                        else:
+                            sums[name] += value
+                            counts[name] += 1
                 fb_time += time.perf_counter() - t_fb
+                for name, value in update_sums.items():
+                    sums[name] += value
+                    counts[name] += 1
                 t_opt = time.perf_counter()
                 if step_ok:
                     params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -738,6 +796,13 @@ def _first_policy_position(mask: torch.Tensor) -> int:
     """The earliest column holding a policy token in ``mask`` ``[B, T]`` (0 if there is none)."""
     columns = mask.any(dim=0).nonzero()
     return int(columns[0]) if len(columns) else 0
+
+
+def _baseline_scores(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+    """Greedy-baseline scores recorded by :meth:`Trainer.gather_rollouts` (ReMax), else ``None``."""
+    if not trajectories or any("baseline_score" not in t.metrics for t in trajectories):
+        return None
+    return torch.tensor([t.metrics["baseline_score"] for t in trajectories], dtype=torch.float32)
 
 
 def _zero_variance_groups(trajectories: Sequence[Trajectory]) -> set[str]:

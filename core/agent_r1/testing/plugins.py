@@ -462,8 +462,8 @@ def check_tracker(
     tracker = check_component(cls, "trackers", config)
     tracker.start(Path(run_dir), {"seed": 0})
     try:
-        tracker.log({"reward/mean": 0.5, "actor/loss": 0.125}, 0)
-        tracker.log({"reward/mean": 0.75, "actor/loss": 0.0625}, 1)
+        tracker.log({"reward/score_mean": 0.5, "actor/loss": 0.125}, 0)
+        tracker.log({"reward/score_mean": 0.75, "actor/loss": 0.0625}, 1)
     finally:
         tracker.close()
     return tracker

@@ -1,5 +1,5 @@
 """Fixtures of the search plugin's tests: a per-session index cache, a real retrieval server in a
-subprocess, and a tiny real HTTP server that answers garbage."""
+subprocess, a tiny real HTTP server that answers garbage, and a tiny model that searches."""
 
 from __future__ import annotations
 
@@ -129,3 +129,56 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def searching_model(tmp_path_factory: pytest.TempPathFactory, search_cache: Path) -> Path:
+    """A tiny model directory (``model.path``) whose policy opens its reply with a search.
+
+    A random tiny model (``agent_r1.testing.models``) never writes ``<search>...</search>``, so its
+    rollouts would never reach the search tool. This one is that random model after a few dozen
+    supervised steps on ``<search>`` + the question's first three words + ``</search>``, given the
+    end of the real ``search_qa`` prompt (tags format) of HotpotQA and NQ training questions. Sampled
+    at temperature 1 it writes a well-formed search about half the time, garbled tags otherwise; it
+    has learned the format only, never an answer.
+    """
+    import asyncio
+    import random
+    import re
+
+    import torch
+
+    from agent_r1.engine.chat import ChatRenderer
+    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+    from agent_r1_plugin_search.datasets import HotpotQADataset, NQDataset
+    from agent_r1_plugin_search.env import SearchQAEnv
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, tie_word_embeddings=False, seed=0)
+    renderer = ChatRenderer(tokenizer)
+    env = SearchQAEnv({"format": "tags", "retriever": {"kind": "bm25", "corpus": "hotpotqa"}})
+    examples = []
+    for task in HotpotQADataset({"limit": 32}).load("train") + NQDataset({"limit": 8}).load("train"):
+        start = asyncio.run(env.reset(task))
+        prompt = renderer.render_prompt(start.messages, start.tools)[-24:]
+        query = " ".join(re.findall(r"\w+", task.metadata["question"])[:3])
+        examples.append((prompt, renderer.encode(f"<search>{query}</search>")))
+    rng = random.Random(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(50):
+        batch = rng.sample(examples, 16)
+        width = max(len(prompt) + len(target) for prompt, target in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (prompt, target) in enumerate(batch):
+            end = len(prompt) + len(target)
+            ids[row, :end] = torch.tensor(prompt + target)
+            labels[row, len(prompt) : end] = torch.tensor(target)
+            attention[row, :end] = 1
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return save_tiny_model(tmp_path_factory.mktemp("searching-model"), model.eval(), tokenizer)

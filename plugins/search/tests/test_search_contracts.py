@@ -31,7 +31,7 @@ def test_plugin_loads_cleanly() -> None:
     info = check_plugin(plugin, "search")
     assert info.components["tools"] == ["search"]
     assert info.components["environments"] == ["search_qa"]
-    assert sorted(info.components["datasets"]) == ["2wikimultihopqa", "hotpotqa", "musique", "nq"]
+    assert sorted(info.components["datasets"]) == ["2wikimultihopqa", "hotpotqa", "musique", "nq", "qa_mix"]
     assert len(info.components["reward_shapers"]) == 6
 
 
@@ -68,3 +68,12 @@ def test_dataset_contract(dataset) -> None:
     train_ids = {t.id for t in splits["train"]}
     assert splits["eval"] and not train_ids & {t.id for t in splits["eval"]}
     assert all(isinstance(t.answer, list) and t.answer for t in splits["train"])
+
+
+def test_qa_mix_dataset_contract() -> None:
+    from agent_r1_plugin_search.datasets import QAMixDataset
+
+    config = {"datasets": [{"name": "hotpotqa"}, {"name": "nq"}]}
+    splits = check_dataset(QAMixDataset, config=config, splits=("train", "eval"))
+    assert len(splits["train"]) == 150 + 12 and len(splits["eval"]) == 50 + 5
+    assert not {t.id for t in splits["train"]} & {t.id for t in splits["eval"]}

@@ -209,3 +209,43 @@ def test_unknown_config_key_is_an_error() -> None:
 
     with pytest.raises(ValidationError, match="eval_fracton"):
         HotpotQADataset({"eval_fracton": 0.1})
+
+
+def test_qa_mix_interleaves_and_prefixes(tmp_path: Path) -> None:
+    from agent_r1_plugin_search.datasets import QAMixDataset
+
+    mix = QAMixDataset({"datasets": [{"name": "hotpotqa", "limit": 3}, {"name": "nq", "eval_size": 2}]})
+    hotpot, nq = HotpotQADataset({"limit": 3}).load("eval"), NQDataset({"eval_size": 2}).load("eval")
+    tasks = mix.load("eval")
+    # round-robin: hotpotqa, nq, hotpotqa, nq, hotpotqa (nq has only 2 eval tasks)
+    assert [t.id for t in tasks] == [
+        f"hotpotqa:{hotpot[0].id}",
+        f"nq:{nq[0].id}",
+        f"hotpotqa:{hotpot[1].id}",
+        f"nq:{nq[1].id}",
+        f"hotpotqa:{hotpot[2].id}",
+    ]
+    assert [t.answer for t in tasks[:2]] == [hotpot[0].answer, nq[0].answer]
+    assert {t.category.split("/")[0] for t in tasks} == {"hotpotqa", "nq"}
+    assert tasks[0].metadata == hotpot[0].metadata  # supporting titles etc. kept
+    assert len(mix.load("train")) == 3 + 15
+    # the same dataset twice (two NQ-format files, say) keeps ids unique
+    twice = QAMixDataset({"datasets": [{"name": "nq", "limit": 2}, {"name": "nq", "limit": 2}]})
+    assert [t.id.split(":")[0] for t in twice.load("train")] == ["nq[0]", "nq[1]", "nq[0]", "nq[1]"]
+
+
+def test_qa_mix_checks_its_datasets_with_the_run_config() -> None:
+    from agent_r1 import ConfigError
+    from agent_r1.config import RunConfig, validate_components
+
+    good = RunConfig.model_validate({"data": {"name": "qa_mix", "datasets": [{"name": "hotpotqa"}]}})
+    paths = [c.path for c in validate_components(good)]
+    assert "data.datasets[0]" in paths
+    for datasets, message in (
+        ([{"name": "hotpotqa", "limt": 3}], "data.datasets[0].limt: unknown key"),
+        ([{"name": "hotpotq"}], "data.datasets[0].name"),
+        ([], "data.datasets"),
+    ):
+        bad = RunConfig.model_validate({"data": {"name": "qa_mix", "datasets": datasets}})
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            validate_components(bad)

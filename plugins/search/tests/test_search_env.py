@@ -216,6 +216,7 @@ def test_example_run_config_validates() -> None:
         for sub_kind, sub_name, sub_options, *_ in cls.requires(validated):
             registry.get(sub_kind, sub_name).Config.model_validate(dict(sub_options))
         checked.append(spec.name)
-    assert checked == ["hotpotqa", "search_qa", "qa_em", "qa_format", "search_gold"]
+    assert checked == ["hotpotqa", "search_qa", "qa_em", "qa_f1", "qa_format", "search_gold"]
+    assert config.eval.success_signal == "qa_em"  # eval success is the plugin's exact match
     env = registry.build("environments", "search_qa", config.environment.options)
     assert env.tools["search"].config.topk == 3

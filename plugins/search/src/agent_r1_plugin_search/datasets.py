@@ -14,6 +14,9 @@ Splits: with only ``path``, the last ``eval_fraction`` of the rows (or ``eval_si
 ``eval`` split and the rest ``train``; with ``eval_path`` the two files are the two splits.
 ``validation``, ``dev`` and ``test`` are accepted as names of the eval split, ``all`` returns every
 row. Without ``path`` the bundled sample is used (see ``data/ATTRIBUTION.md``).
+
+``qa_mix`` combines several of them (e.g. HotpotQA and NQ) into one dataset, for runs and
+evaluations over several datasets at once.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from agent_r1 import ComponentConfig, Dataset, Task
+from agent_r1 import ComponentConfig, ComponentSpec, Dataset, Task
 from agent_r1_plugin_search.corpus import CorpusError, bundled_path, iter_records
 from agent_r1_plugin_search.metrics import as_aliases
 
@@ -337,6 +340,66 @@ class NQDataset(QADataset):
 
 
 DATASETS: list[type[QADataset]] = [HotpotQADataset, TwoWikiMultihopQADataset, MuSiQueDataset, NQDataset]
+"""The QA datasets that read files (``qa_mix`` combines them)."""
 
 LOADERS: dict[str, Callable[..., QADataset]] = {cls.name: cls for cls in DATASETS}
-"""Dataset name → class."""
+"""Dataset name → class (the file-reading datasets)."""
+
+
+class QAMixConfig(ComponentConfig):
+    """Options of ``qa_mix``."""
+
+    datasets: list[ComponentSpec] = Field(
+        min_length=1, description="the datasets to combine, each {name: ..., <that dataset's options>}"
+    )
+
+
+class QAMixDataset(Dataset):
+    """Several datasets as one, e.g. to evaluate on HotpotQA and NQ in one run (Search-R1 reports
+    each of its seven datasets separately)::
+
+        data:
+          name: qa_mix
+          datasets:
+            - {name: hotpotqa, limit: 50}
+            - {name: nq, limit: 17}
+
+    Each split interleaves the datasets' tasks round-robin (first task of each, then the second of
+    each...), so that ``eval.num_tasks`` cuts every dataset alike. Task ids get the dataset's name
+    as prefix (``nq:test_3``; ``nq[1]:test_3`` when a name is listed twice) so that they stay
+    unique; categories stay ``<dataset>/<type>``, which ``agent-r1 eval`` reports per dataset.
+    Every listed dataset and its options are checked with the run config, before any model loads.
+    """
+
+    name = "qa_mix"
+    Config = QAMixConfig
+    config: QAMixConfig
+
+    @classmethod
+    def requires(cls, config: Any) -> list[tuple[Any, ...]]:
+        return [
+            ("datasets", spec.name, spec.options, f"datasets[{i}]") for i, spec in enumerate(config.datasets)
+        ]
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        from agent_r1.registry import get_registry
+
+        registry = get_registry()
+        names = [spec.name for spec in self.config.datasets]
+        self.parts: list[tuple[str, Dataset]] = [
+            (
+                spec.name if names.count(spec.name) == 1 else f"{spec.name}[{i}]",
+                registry.build("datasets", spec.name, spec.options),
+            )
+            for i, spec in enumerate(self.config.datasets)
+        ]
+
+    def load(self, split: str) -> list[Task]:
+        """The tasks of ``split`` of every dataset, interleaved round-robin, ids prefixed."""
+        parts = [
+            [task.model_copy(update={"id": f"{prefix}:{task.id}"}) for task in dataset.load(split)]
+            for prefix, dataset in self.parts
+        ]
+        longest = max((len(tasks) for tasks in parts), default=0)
+        return [tasks[i] for i in range(longest) for tasks in parts if i < len(tasks)]

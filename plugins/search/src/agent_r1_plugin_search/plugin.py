@@ -27,9 +27,9 @@ def register_environments() -> list[Any]:
 
 @hookimpl
 def register_datasets() -> list[Any]:
-    from agent_r1_plugin_search.datasets import DATASETS
+    from agent_r1_plugin_search.datasets import DATASETS, QAMixDataset
 
-    return list(DATASETS)
+    return [*DATASETS, QAMixDataset]
 
 
 @hookimpl
