@@ -235,12 +235,6 @@ def test_train_refuses_to_overwrite_a_run_with_checkpoints(
     assert _snapshot(run_dir) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent_r1.engine.runner.train creates the run directory before loading the model, so a "
-    "missing model leaves an empty run directory behind (with output_dir 'runs/x/{now}', a new "
-    "empty directory per failed attempt, which --resume would then pick)",
-)
 def test_train_with_a_missing_model_creates_no_run_directory(site: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "new"
     result = agent_r1(

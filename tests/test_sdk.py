@@ -188,7 +188,8 @@ def test_plugin_wheel_installs_next_to_agent_r1_and_passes_its_own_tests(key: st
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n]
 
     hidden = [project.distribution, "agent-r1-plugin-search"]  # e.g. installed editable here
-    venv = fresh_venv_with_agent_r1(tmp_path / "venv", hide=hidden, hide_paths=[source])
+    editable_sources = [path for path in (project.source, source) if path is not None]
+    venv = fresh_venv_with_agent_r1(tmp_path / "venv", hide=hidden, hide_paths=editable_sources)
     venv.install(wheel)
     where = venv.run(["-c", f"import {project.package} as m; print(m.__file__)"], cwd=tmp_path)
     assert Path(where.stdout.strip()).is_relative_to(venv.root)

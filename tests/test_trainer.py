@@ -250,3 +250,19 @@ def test_kl_in_the_reward_reaches_score_based_estimators(
         trainer.update_on(fixed_trajectories(trainer.tokenizer))  # moves the policy away from the reference
         results[coef] = trainer.update_on(fixed_trajectories(trainer.tokenizer))
     assert results[0.0]["advantages/max"] != pytest.approx(results[5.0]["advantages/max"], abs=1e-4)
+
+
+def test_lora_trains_only_the_adapters(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    config = toy_config(
+        model_dir,
+        tmp_path / "run",
+        model={"path": str(model_dir), "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+        trainer={"steps": 2, "tasks_per_step": 2, "micro_batch_size": 8, "lr": 1e-2},
+    )
+    trainer = _trainer(config, registry)
+    before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
+    trainer.update_on(fixed_trajectories(trainer.tokenizer))
+    changed = {n for n, p in trainer.unwrapped.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
+    metrics = trainer.train_step()  # rollouts run through the adapted model too
+    assert metrics["response/length_mean"] > 0

@@ -22,9 +22,14 @@ from agent_r1.mdp import Task, save_trajectories
 def prepare(
     config_path: str | Path | None, overrides: Sequence[str]
 ) -> tuple[RunConfig, list[ResolvedComponent]]:
-    """Load, merge and validate the config and all its components (no model is loaded)."""
+    """Load, merge and validate the config and all its components, and check that the model can
+    be found, before anything is created or loaded."""
+    from agent_r1.engine.models import resolve_model_path
+
     config = load_config(config_path, overrides)
-    return config, validate_components(config)
+    components = validate_components(config)
+    resolve_model_path(config.model.path)
+    return config, components
 
 
 def _expand_output_dir(output_dir: str, *, resume: bool) -> Path:

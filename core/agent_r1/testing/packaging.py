@@ -24,7 +24,6 @@ torch.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -104,14 +103,16 @@ def _build_requirements(project: Path) -> list[str] | None:
 
 
 def _build_requirements_installed(project: Path) -> bool:
+    """Whether every build requirement is installed for this interpreter, as pip will see it (a
+    subprocess with the same clean environment, so ``PYTHONPATH`` cannot fool the check)."""
     names = _build_requirements(project)
     if not names:
         return False
-    for name in names:
-        try:
-            importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return False
+    probe = "import importlib.metadata as m, sys\nfor name in sys.argv[1:]: m.version(name)"
+    try:
+        run_checked([sys.executable, "-c", probe, *names], timeout=60)
+    except CommandFailed:
+        return False
     return True
 
 
