@@ -70,3 +70,22 @@ def qwen_tokenizer() -> Any:
 
 
 # --------------------------------------------------------------------------------------------
+
+
+# --------------------------------------------------------------------------------------------
+# Registries
+#   builtin_registry  function  a fresh process-wide registry with only the bundled plugins
+#                               (third-party plugins installed in the environment stay out)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def builtin_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from agent_r1.registry import Registry, get_registry, reset_registry
+
+    monkeypatch.setenv("AGENT_R1_LOAD_PLUGINS", "builtins")
+    previous = get_registry()
+    registry = reset_registry(Registry(entry_points=True))
+    registry.load()
+    yield registry
+    reset_registry(previous)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
 from fractions import Fraction
 
 import pytest
@@ -26,18 +25,7 @@ from agent_r1.builtins.calculator import (
 from agent_r1.builtins.formats import TagsFormat
 from agent_r1.errors import ConfigError
 from agent_r1.mdp import Action
-from agent_r1.registry import Registry, get_registry, reset_registry
-
-
-@pytest.fixture
-def builtin_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
-    """A fresh process-wide registry holding only the bundled plugins."""
-    monkeypatch.setenv("AGENT_R1_LOAD_PLUGINS", "builtins")
-    previous = get_registry()
-    registry = reset_registry(Registry(entry_points=True))
-    registry.load()
-    yield registry
-    reset_registry(previous)
+from agent_r1.registry import Registry
 
 
 def calc(expression: str, **limits: object) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent_r1.builtins.formats import HermesFormat, TagsFormat, single_string_field
 from agent_r1.contracts import Tool
 from agent_r1.mdp import ToolCall, ToolResult
-from agent_r1.registry import Registry, get_registry, reset_registry
+from agent_r1.registry import Registry
 
 
 class Calc(Tool):
@@ -57,17 +56,6 @@ class Lookup(Tool):
 
 
 TOOLS: dict[str, type[Tool]] = {"calculator": Calc, "search": Search, "lookup": Lookup}
-
-
-@pytest.fixture
-def builtin_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
-    """A fresh process-wide registry holding only the bundled plugins."""
-    monkeypatch.setenv("AGENT_R1_LOAD_PLUGINS", "builtins")
-    previous = get_registry()
-    registry = reset_registry(Registry(entry_points=True))
-    registry.load()
-    yield registry
-    reset_registry(previous)
 
 
 def hermes(**options: Any) -> HermesFormat:

@@ -266,3 +266,31 @@ def test_lora_trains_only_the_adapters(registry: Any, model_dir: Path, tmp_path:
     assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
     metrics = trainer.train_step()  # rollouts run through the adapted model too
     assert metrics["response/length_mean"] > 0
+
+
+def test_skipping_idle_rows_gives_the_same_update(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    """Rows with all-zero advantages (a group whose scores are all equal) are skipped without
+    changing the gradient, and a step with no busy row still moves the optimizer as usual."""
+    grads = {}
+    for skip in (True, False):
+        config = toy_config(
+            model_dir,
+            tmp_path / f"run{skip}",
+            trainer={
+                "steps": 1,
+                "tasks_per_step": 2,
+                "micro_batch_size": 2,
+                "lr": 1e-2,
+                "skip_idle_rows": skip,
+            },
+        )
+        trainer = _trainer(config, registry)
+        trajectories = fixed_trajectories(trainer.tokenizer)
+        for t in trajectories[:4]:  # first group: equal scores, so zero advantages under grpo
+            t.rewards = [r.model_copy(update={"value": 1.0}) for r in t.rewards if r.kind == "outcome"]
+        metrics = trainer.update_on(trajectories)
+        grads[skip] = torch.cat(
+            [p.grad.flatten() for p in trainer.unwrapped.parameters() if p.grad is not None]
+        )
+        assert metrics.get("batch/idle_rows_skipped", 0.0) == (4.0 if skip else 0.0)
+    assert torch.allclose(grads[True], grads[False], atol=1e-7, rtol=1e-5)

@@ -147,6 +147,11 @@ class TrainerConfig(_Section):
     grad_clip: float | None = Field(1.0, gt=0, description="max gradient norm; null disables clipping")
     checkpoint_every: int = Field(10, ge=0, description="0 saves only at the end")
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
+    skip_idle_rows: bool = Field(
+        True,
+        description="skip the forward/backward of trajectories whose advantages are all zero when "
+        "nothing else needs them (same update, less compute)",
+    )
     max_bad_steps: int = Field(3, ge=1, description="abort after this many non-finite losses in a row")
     eval_every: int = Field(0, ge=0, description="0 evaluates only before and after training")
 

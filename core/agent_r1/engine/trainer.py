@@ -586,12 +586,22 @@ class Trainer:
         temperature: float,
     ) -> dict[str, float]:
         cfg = self.config
+        algo = cfg.algorithm
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
         fb_time = opt_time = 0.0
         generator = torch.Generator().manual_seed(self._step_seed(self.step, 999))
         self.model.train()
         skipped = False
+        # Skipping rows with zero advantage is exact only when no other term (entropy bonus, KL in
+        # the loss, value loss) needs them, and only on one process (DDP needs equal work).
+        skip_idle = (
+            cfg.trainer.skip_idle_rows
+            and self.world == 1
+            and algo.entropy_coef == 0
+            and not self.needs_critic
+            and not (self.ref_model is not None and algo.kl.placement == "loss")
+        )
         for _epoch in range(cfg.trainer.epochs):
             order = (
                 torch.randperm(len(batch), generator=generator).tolist()
@@ -606,6 +616,13 @@ class Trainer:
                 mb = cfg.trainer.micro_batch_size
                 micro_rows = [rows_all[i : i + mb] for i in range(0, len(rows_all), mb)]
                 normalizer = self._global_normalizer([batch.loss_mask[r] for r in micro_rows])
+                if skip_idle:
+                    # Rows whose advantages are all zero add nothing to the gradient; they still
+                    # count in the normaliser above, so the update is exactly the same.
+                    busy = [r for r in rows_all if bool((advantages[r] != 0).any())]
+                    micro_rows = [busy[i : i + mb] for i in range(0, len(busy), mb)]
+                    sums["batch/idle_rows_skipped"] += len(rows_all) - len(busy)
+                    counts["batch/idle_rows_skipped"] = 1
                 self.optimizer.zero_grad(set_to_none=True)
                 update_sums: dict[str, float] = {}
                 step_ok = True
@@ -640,6 +657,10 @@ class Trainer:
                             sums[name] += value
                             counts[name] += 1
                 fb_time += time.perf_counter() - t_fb
+                if not micro_rows:  # nothing to learn from: step with zero gradients, as unskipped
+                    for group in self.optimizer.param_groups:
+                        for param in group["params"]:
+                            param.grad = torch.zeros_like(param)
                 for name, value in update_sums.items():
                     sums[name] += value
                     counts[name] += 1
