@@ -260,7 +260,10 @@ def test_config_show_demo(site: Path) -> None:
         "grpo",
     )
     assert shown["environment"]["tools"] == ["calculator"]  # component defaults are filled in
-    assert shown["trainer"]["steps"] == 40
+    from agent_r1.config import bundled_config_path
+
+    bundled = yaml.safe_load(bundled_config_path("demo").read_text())  # values the file sets win
+    assert shown["trainer"]["steps"] == bundled["trainer"]["steps"]
     as_json = agent_r1(["config", "show", "demo", "--json", "trainer.steps=3"], site)
     assert as_json.returncode == 0 and json.loads(as_json.stdout)["trainer"]["steps"] == 3
 

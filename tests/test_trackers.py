@@ -72,8 +72,8 @@ def test_tensorboard_event_file_reads_back(tmp_path: Path) -> None:
     assert any(log_dir.glob("events.out.tfevents.*"))
     events = EventAccumulator(str(log_dir))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == {"reward/mean", "actor/loss"}
-    rewards = [(e.step, e.value) for e in events.Scalars("reward/mean")]
+    assert set(events.Tags()["scalars"]) == {"reward/score_mean", "actor/loss"}
+    rewards = [(e.step, e.value) for e in events.Scalars("reward/score_mean")]
     assert rewards == [(0, 0.5), (1, 0.75)]
 
 
