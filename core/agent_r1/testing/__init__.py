@@ -8,42 +8,7 @@ need torch and are imported from their own modules.
 
 from __future__ import annotations
 
-from agent_r1.testing.plugins import (
-    DEFAULT_TASK,
-    ContractViolation,
-    PluginDistribution,
-    check_advantage_estimator,
-    check_algorithm,
-    check_component,
-    check_dataset,
-    check_environment,
-    check_plugin,
-    check_policy_loss,
-    check_reward_shaper,
-    check_tool,
-    check_tool_call_format,
-    check_tracker,
-    example_trajectory,
-    plugin_path,
-    write_plugin_distribution,
-)
+from agent_r1.testing import plugins as _plugins
+from agent_r1.testing.plugins import *  # noqa: F403 - the public names, listed once in plugins.__all__
 
-__all__ = [
-    "DEFAULT_TASK",
-    "ContractViolation",
-    "PluginDistribution",
-    "check_advantage_estimator",
-    "check_algorithm",
-    "check_component",
-    "check_dataset",
-    "check_environment",
-    "check_plugin",
-    "check_policy_loss",
-    "check_reward_shaper",
-    "check_tool",
-    "check_tool_call_format",
-    "check_tracker",
-    "example_trajectory",
-    "plugin_path",
-    "write_plugin_distribution",
-]
+__all__ = list(_plugins.__all__)
