@@ -60,8 +60,8 @@ from agent_r1.mdp import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ComponentSpec": "agent_r1.config",
-    "RewardSpec": "agent_r1.config",
+    "ComponentSpec": "agent_r1.contracts",
+    "RewardSpec": "agent_r1.contracts",
     "ToolEnv": "agent_r1.builtins.tool_env",
     "ToolEnvConfig": "agent_r1.builtins.tool_env",
 }

@@ -8,7 +8,6 @@ Errors name the config path, the bad value and, for misspelt keys or names, the 
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,27 +18,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agent_r1.errors import ComponentConflict, ComponentNotFound, ConfigError
+from agent_r1.contracts import ComponentSpec, RewardSpec
+from agent_r1.errors import (
+    ComponentConflict,
+    ComponentNotFound,
+    ConfigError,
+    did_you_mean,  # noqa: F401  (re-exported: earlier releases defined it here)
+    first_error_path,
+    suggestions,  # noqa: F401  (re-exported)
+    validation_error_message,
+)
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class ComponentSpec(BaseModel):
-    """``{name: ..., <options of that component>}``; the options are validated by the component."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(description="registered component name, or 'plugin:name' to pick a provider")
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
-
-class RewardSpec(ComponentSpec):
-    weight: float = Field(1.0, description="multiplies every signal this shaper emits")
 
 
 class LoraConfig(_Section):
@@ -201,118 +193,6 @@ class RunConfig(_Section):
 
 
 # --------------------------------------------------------------------------------------------
-# Error messages
-# --------------------------------------------------------------------------------------------
-
-
-def _loc_to_path(loc: Sequence[int | str]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path
-
-
-def _model_at(model: type[BaseModel] | None, loc: Sequence[int | str]) -> type[BaseModel] | None:
-    """Follow ``loc`` through nested pydantic models (lists and optionals included)."""
-    import typing
-
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        annotation = field.annotation
-        current = None
-        for candidate in [annotation, *typing.get_args(annotation)]:
-            for inner in [candidate, *typing.get_args(candidate)]:
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    current = inner
-                    break
-            if current is not None:
-                break
-        if current is None:
-            return None
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def suggestions(word: str, options: Sequence[str], *, limit: int = 3) -> list[str]:
-    """The options closest to ``word`` (a likely misspelling), best first; empty when none is close."""
-    scored = sorted(
-        ((difflib.SequenceMatcher(None, word, option).ratio(), option) for option in options),
-        key=lambda pair: (-pair[0], pair[1]),
-    )
-    if not scored or scored[0][0] < 0.6:
-        return []
-    best = scored[0][0]
-    return [option for ratio, option in scored[:limit] if ratio >= 0.6 and ratio >= best - 0.1]
-
-
-def did_you_mean(word: str, options: Sequence[str]) -> str:
-    """`` Did you mean 'x'?`` (with a leading space), or an empty string."""
-    close = suggestions(word, options)
-    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
-def validation_error_message(
-    exc: ValidationError, *, prefix: str = "", model: type[BaseModel] | None = None, root: str = ""
-) -> str:
-    """Turn a pydantic error into lines ``path: problem (got value). Did you mean ...?``.
-
-    ``root`` is the config path of the section that ``model`` validated (``environment``,
-    ``rewards[0]``...): paths in the message are full config paths. ``prefix`` names what was
-    validated (``environment 'calculator'``); without ``root`` it leads each line.
-    """
-    lines = []
-    for error in exc.errors():
-        loc = list(error.get("loc", ()))
-        path = _join_path(root, _loc_to_path(loc))
-        if root:
-            where = path
-            whose = f" of {prefix}" if prefix else ""
-        else:
-            where = f"{prefix}: {path}" if prefix and path else (prefix or path or "<root>")
-            whose = ""
-        value = error.get("input")
-        if error["type"] == "extra_forbidden":
-            parent = _model_at(model, loc[:-1]) if model is not None else None
-            known = sorted(parent.model_fields) if parent is not None else []
-            hint = did_you_mean(str(loc[-1]), known)
-            valid = f" Valid keys: {', '.join(known)}." if known else ""
-            lines.append(f"{where}: unknown key {str(loc[-1])!r}{whose}.{hint}{valid}")
-        elif error["type"] == "missing":
-            lines.append(f"{where}: required{whose} but not set; add it to the config")
-        else:
-            shown = repr(value)
-            if len(shown) > 80:
-                shown = shown[:77] + "..."
-            owner = f", an option of {prefix}" if root and prefix else ""
-            lines.append(f"{where}: {error['msg']} (got {shown}){owner}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
-
-
-def _join_path(root: str, path: str) -> str:
-    if not root:
-        return path
-    if not path:
-        return root
-    return f"{root}{path}" if path.startswith("[") else f"{root}.{path}"
-
-
-def _first_error_path(exc: ValidationError, root: str = "") -> str | None:
-    errors = exc.errors()
-    if not errors:
-        return root or None
-    return _join_path(root, _loc_to_path(list(errors[0].get("loc", ())))) or None
-
-
-# --------------------------------------------------------------------------------------------
 # Loading
 # --------------------------------------------------------------------------------------------
 
@@ -419,7 +299,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            validation_error_message(exc, model=RunConfig), path=_first_error_path(exc)
+            validation_error_message(exc, model=RunConfig), path=first_error_path(exc)
         ) from None
 
 
@@ -485,7 +365,7 @@ def validate_components(config: RunConfig, registry: Any = None) -> list[Resolve
             label = f"{KIND_LABELS[kind]} {name!r}"
             raise ConfigError(
                 validation_error_message(exc, prefix=label, model=cls.Config, root=path),
-                path=_first_error_path(exc, path),
+                path=first_error_path(exc, path),
             ) from None
         resolved.append(ResolvedComponent(path, kind, name, cls, validated, nested))
         for i, requirement in enumerate(cls.requires(validated)):

@@ -32,20 +32,6 @@ from agent_r1.mdp import (
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-KINDS: tuple[str, ...] = (
-    "tools",
-    "environments",
-    "tool_call_formats",
-    "reward_shapers",
-    "advantage_estimators",
-    "policy_losses",
-    "algorithms",
-    "rollout_backends",
-    "trackers",
-    "datasets",
-)
-"""Component kinds, each with a ``register_<kind>`` hook."""
-
 
 @dataclass(frozen=True)
 class Provenance:
@@ -60,6 +46,25 @@ class Provenance:
         return f"{self.plugin} ({self.distribution} {self.version}, module {self.module})"
 
 
+class ComponentSpec(BaseModel):
+    """A component section of the run config: ``{name: ..., <options of that component>}``; the
+    options are validated by the component's own ``Config``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="registered component name, or 'plugin:name' to pick a provider")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class RewardSpec(ComponentSpec):
+    """A reward-shaper section: a :class:`ComponentSpec` plus the shaper's ``weight``."""
+
+    weight: float = Field(1.0, description="multiplies every signal this shaper emits")
+
+
 class ComponentConfig(BaseModel):
     """Base of every component ``Config``: unknown keys are errors."""
 
@@ -71,6 +76,9 @@ class Component:
 
     name: ClassVar[str] = ""
     kind: ClassVar[str] = ""
+    """The kind this contract registers under (``tools``...); set on the contract classes only."""
+    label: ClassVar[str] = ""
+    """The kind in words for messages (``tool-call format``)."""
     provenance: ClassVar[Provenance | None] = None
     """Set by the registry on the class it loaded."""
 
@@ -111,6 +119,7 @@ class Tool(Component):
     """
 
     kind = "tools"
+    label = "tool"
     description: ClassVar[str] = ""
 
     class Arguments(BaseModel):
@@ -155,6 +164,7 @@ class Environment(Component):
     """
 
     kind = "environments"
+    label = "environment"
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -185,6 +195,7 @@ class ToolCallFormat(Component):
     """How tool calls are written in an action and how results are shown back."""
 
     kind = "tool_call_formats"
+    label = "tool-call format"
     tools_in_template: ClassVar[bool] = True
     """True when tool schemas go to the chat template (``tools=``); false when :meth:`instructions`
     describes them in the system prompt."""
@@ -234,6 +245,7 @@ class RewardShaper(Component):
     """
 
     kind = "reward_shapers"
+    label = "reward shaper"
 
     def score(self, trajectory: Trajectory, task: Task) -> list[RewardSignal]:  # pragma: no cover
         """The reward signals of a finished ``trajectory`` of ``task`` (may be ``async``)."""
@@ -256,6 +268,7 @@ class AdvantageEstimator(Component):
     """Turns rewards into per-token advantages and returns (both ``[B, T]``, zero outside the mask)."""
 
     kind = "advantage_estimators"
+    label = "advantage estimator"
     needs_critic: ClassVar[bool] = False
     needs_baseline_rollout: ClassVar[bool] = False
 
@@ -279,6 +292,7 @@ class PolicyLoss(Component):
     batch, so loss plugins cannot get normalisation wrong."""
 
     kind = "policy_losses"
+    label = "policy loss"
 
     def token_loss(
         self, inputs: LossInput
@@ -292,6 +306,7 @@ class Algorithm(Component):
     """A named bundle of an advantage estimator, a policy loss and defaults (e.g. ``grpo``)."""
 
     kind = "algorithms"
+    label = "algorithm"
     estimator: ClassVar[str] = ""
     estimator_config: ClassVar[dict[str, Any]] = {}
     loss: ClassVar[str] = "ppo_clip"
@@ -333,6 +348,7 @@ class RolloutBackend(Component):
     decode/re-encode on the training path."""
 
     kind = "rollout_backends"
+    label = "rollout backend"
 
     def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None, **resources: Any) -> None:
         super().__init__(config)
@@ -355,6 +371,7 @@ class Tracker(Component):
     """Receives metrics once per step (never per token)."""
 
     kind = "trackers"
+    label = "tracker"
 
     def start(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         """Called once before the first step with the run directory and the resolved config."""
@@ -373,6 +390,7 @@ class Dataset(Component):
     """A source of tasks. ``load`` returns the tasks of a split (``train``, ``eval``...)."""
 
     kind = "datasets"
+    label = "dataset"
 
     def load(self, split: Literal["train", "eval"] | str) -> list[Task]:  # pragma: no cover
         """The tasks of ``split``; the same config must give the same tasks (seed any shuffling)."""
@@ -380,27 +398,39 @@ class Dataset(Component):
 
 
 CONTRACTS: dict[str, type[Component]] = {
-    "tools": Tool,
-    "environments": Environment,
-    "tool_call_formats": ToolCallFormat,
-    "reward_shapers": RewardShaper,
-    "advantage_estimators": AdvantageEstimator,
-    "policy_losses": PolicyLoss,
-    "algorithms": Algorithm,
-    "rollout_backends": RolloutBackend,
-    "trackers": Tracker,
-    "datasets": Dataset,
+    contract.kind: contract
+    for contract in (
+        Tool,
+        Environment,
+        ToolCallFormat,
+        RewardShaper,
+        AdvantageEstimator,
+        PolicyLoss,
+        Algorithm,
+        RolloutBackend,
+        Tracker,
+        Dataset,
+    )
 }
-"""The base class each registered component of a kind must subclass."""
+"""The one table of component kinds: kind → the base class its components subclass. Everything
+else that lists kinds (``KINDS``, ``KIND_LABELS``, the registration hooks) is derived from it."""
+
+KINDS: tuple[str, ...] = tuple(CONTRACTS)
+"""Component kinds, each with a ``register_<kind>`` hook."""
+
+KIND_LABELS: dict[str, str] = {kind: contract.label for kind, contract in CONTRACTS.items()}
+"""Kind → its name in words, for messages."""
 
 __all__ = [
     "CONTRACTS",
     "KINDS",
+    "KIND_LABELS",
     "AdvantageEstimator",
     "AdvantageInput",
     "Algorithm",
     "Component",
     "ComponentConfig",
+    "ComponentSpec",
     "Dataset",
     "Environment",
     "EpisodeStart",
@@ -411,6 +441,7 @@ __all__ = [
     "PolicyLoss",
     "Provenance",
     "RewardShaper",
+    "RewardSpec",
     "RolloutBackend",
     "SamplingParams",
     "Tool",

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from agent_r1.contracts import KINDS
+
 if TYPE_CHECKING:  # pragma: no cover
     from agent_r1.contracts import (
         AdvantageEstimator,
@@ -227,16 +229,5 @@ def on_train_end(run_dir: Path, metrics: dict[str, float]) -> None:
     """
 
 
-REGISTRATION_HOOKS: dict[str, str] = {
-    "tools": "register_tools",
-    "environments": "register_environments",
-    "tool_call_formats": "register_tool_call_formats",
-    "reward_shapers": "register_reward_shapers",
-    "advantage_estimators": "register_advantage_estimators",
-    "policy_losses": "register_policy_losses",
-    "algorithms": "register_algorithms",
-    "rollout_backends": "register_rollout_backends",
-    "trackers": "register_trackers",
-    "datasets": "register_datasets",
-}
+REGISTRATION_HOOKS: dict[str, str] = {kind: f"register_{kind}" for kind in KINDS}
 """Component kind → the hook that registers it."""

@@ -167,6 +167,12 @@ class Observation(_Model):
     termination: str | None = None
     """Why the episode ended: ``answer``, ``no_tool_call``, ``max_turns``, ``max_tokens``, ..."""
     info: dict[str, Any] = Field(default_factory=dict)
+    tool_calls: list[ToolCall] | None = None
+    """What the environment parsed out of the action (``None``: it does not parse actions). The
+    engine copies ``tool_calls``, ``answer`` and ``parse_errors`` into the recorded
+    :class:`Action`; an environment returns them here instead of writing into the action."""
+    answer: str | None = None
+    parse_errors: list[str] | None = None
 
 
 class Step(_Model):

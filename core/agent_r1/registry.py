@@ -30,25 +30,12 @@ import pluggy
 from pydantic import BaseModel
 
 from agent_r1 import hookspecs
-from agent_r1.contracts import CONTRACTS, KINDS, Component, Provenance
+from agent_r1.contracts import CONTRACTS, KIND_LABELS, KINDS, Component, Provenance
 from agent_r1.errors import ComponentConflict, ComponentNotFound, PluginError
 
 ENTRY_POINT_GROUP = "agent_r1"
 BUILTIN_PLUGIN = "builtins"
 OWN_DISTRIBUTION = "agent-r1"
-
-KIND_LABELS = {
-    "tools": "tool",
-    "environments": "environment",
-    "tool_call_formats": "tool-call format",
-    "reward_shapers": "reward shaper",
-    "advantage_estimators": "advantage estimator",
-    "policy_losses": "policy loss",
-    "algorithms": "algorithm",
-    "rollout_backends": "rollout backend",
-    "trackers": "tracker",
-    "datasets": "dataset",
-}
 
 
 class PluginLoadWarning(UserWarning):
@@ -170,7 +157,7 @@ class Registry:
             info.status = "loaded"
             for caller in self.pm.get_hookcallers(plugin) or []:
                 if caller.spec is None:  # pluggy accepts unknown hooks silently; a typo is a bug
-                    from agent_r1.config import did_you_mean
+                    from agent_r1.errors import did_you_mean
 
                     known = [n for n in dir(hookspecs) if n.startswith(("register_", "on_"))]
                     info.status = "broken"
@@ -376,7 +363,7 @@ class Registry:
                     f"{label} {short!r} is provided by {info.describe()}, but the plugin is broken: "
                     f"{problem}. Fix or upgrade the plugin, or choose another {label}."
                 )
-        from agent_r1.config import did_you_mean
+        from agent_r1.errors import did_you_mean
 
         message += did_you_mean(short, known)
         message += f" Known {label}s: {', '.join(known) if known else '(none)'}."
@@ -570,7 +557,7 @@ def validate_component_config(
     cls: type[Component], config: Mapping[str, Any] | BaseModel | None, *, where: str
 ) -> Any:
     """Validate one component's section with its own ``Config``; errors name ``where``."""
-    from agent_r1.config import validation_error_message  # local: config imports registry lazily too
+    from agent_r1.errors import validation_error_message
 
     if isinstance(config, cls.Config):
         return config

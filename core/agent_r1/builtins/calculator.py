@@ -25,8 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agent_r1.builtins.tool_env import ToolEnv, ToolError
-from agent_r1.config import ComponentSpec
-from agent_r1.contracts import ComponentConfig, Dataset, EpisodeStart, Tool
+from agent_r1.contracts import ComponentConfig, ComponentSpec, Dataset, EpisodeStart, Tool
 from agent_r1.mdp import Message, Task, ToolCall, ToolResult
 
 # --------------------------------------------------------------------------------------------

@@ -38,9 +38,9 @@ from agent_r1.builtins.formats import (
     too_many_calls_error,
     unknown_tool_error,
 )
-from agent_r1.config import ComponentSpec
 from agent_r1.contracts import (
     ComponentConfig,
+    ComponentSpec,
     Environment,
     EpisodeStart,
     ParsedAction,
