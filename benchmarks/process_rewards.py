@@ -1,7 +1,7 @@
 """Process rewards, measured: train the main task with and without process rewards, side by side.
 
 For every seed the script trains two arms from the same starting point, in one process, with the
-Trainer driven step by step:
+the training step driven step by step:
 
 * ``outcome``: the config's rewards as they are (the bundled ``demo`` config: ``answer_match``
   only, an outcome reward per trajectory);
@@ -334,7 +334,8 @@ def run_one(arm: Arm, seed: int, args: argparse.Namespace, out_dir: Path, record
     """Train one arm with one seed; fill ``record`` with its per-step records and summary as it goes
     (a run that fails keeps the steps it finished)."""
     from agent_r1.config import load_config, resolved_dict, validate_components
-    from agent_r1.engine.trainer import Trainer
+    from agent_r1.engine.session import build_session
+    from agent_r1.engine.trainer import train_step
     from agent_r1.mdp import save_trajectories
 
     started = time.perf_counter()
@@ -346,26 +347,27 @@ def run_one(arm: Arm, seed: int, args: argparse.Namespace, out_dir: Path, record
     plain = resolved_dict(config, components)
     (run_dir / "config.json").write_text(json.dumps(plain, indent=2), encoding="utf-8")
 
-    trainer = Trainer(config, components, run_dir)
-    recorder = AdvantageRecorder(trainer.estimator)
-    for tracker in trainer.trackers:
+    session = build_session(config, components, run_dir)
+    recorder = AdvantageRecorder(session.estimator)
+    for tracker in session.trackers:
         tracker.start(run_dir, plain)
     steps: list[dict[str, float]] = []
     record.update(run_dir=str(run_dir), steps=steps)
     try:
         total = config.trainer.steps
-        while trainer.step < total:
-            metrics = trainer.train_step()
-            stats = step_statistics(trainer.last_trajectories, recorder.take())
-            for tracker in trainer.trackers:
+        while session.step < total:
+            result = train_step(session)
+            metrics = result.metrics
+            stats = step_statistics(result.trajectories, recorder.take())
+            for tracker in session.trackers:
                 tracker.log({**metrics, **{f"bench/{k}": v for k, v in stats.items()}}, int(metrics["step"]))
-            if trainer.last_trajectories:
-                save_trajectories(run_dir / "samples.jsonl", trainer.last_trajectories[:2], append=True)
+            if result.trajectories:
+                save_trajectories(run_dir / "samples.jsonl", result.trajectories[:2], append=True)
             row = {"step": int(metrics["step"]), **{k: float(metrics[k]) for k in STEP_KEYS if k in metrics}}
             row.update(stats)
             steps.append(row)
             print(
-                f"  [{arm.name} seed {seed}] step {trainer.step}/{total}  "
+                f"  [{arm.name} seed {seed}] step {session.step}/{total}  "
                 f"answer_match {row.get('reward/answer_match', math.nan):.3f}  "
                 f"success {row.get('success/train', math.nan):.3f}  "
                 f"score_var {row['score_var']:.4f}  "
@@ -374,14 +376,14 @@ def run_one(arm: Arm, seed: int, args: argparse.Namespace, out_dir: Path, record
                 flush=True,
             )
     finally:
-        for tracker in trainer.trackers:
+        for tracker in session.trackers:
             tracker.close()
     summary = run_summary(steps)
     if args.eval:
         from agent_r1.engine.runner import run_eval
 
-        tasks = trainer.dataset.load(config.eval.split)[: config.eval.num_tasks]
-        result = run_eval(trainer, config, tasks, step=trainer.step, label="after")
+        tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
+        result = run_eval(session, tasks, label="after")
         (run_dir / "eval_after.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
         summary["eval_success"] = float(result["success"])
         record["eval"] = {k: result[k] for k in ("success", "successes", "num_tasks") if k in result}

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from trainer_helpers import fixed_trajectories, toy_config, toy_registry
 
 from agent_r1.config import RunConfig, validate_components
-from agent_r1.engine.trainer import Trainer
+from agent_r1.engine.session import build_session
+from agent_r1.engine.update import update
 
 
 def main() -> None:
@@ -28,21 +29,21 @@ def main() -> None:
         trainer={"steps": 1, "tasks_per_step": 2, "micro_batch_size": 2, "lr": 1e-2, "grad_clip": None},
     )
     run = RunConfig.model_validate(config)
-    trainer = Trainer(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
-    initial = {k: v.detach().clone() for k, v in trainer.unwrapped.state_dict().items()}
-    trajectories = fixed_trajectories(trainer.tokenizer, count=8)
-    share = len(trajectories) // trainer.world
-    local = trajectories[trainer.rank * share : (trainer.rank + 1) * share]
-    trainer.update_on(local)
-    if trainer.is_main:
+    session = build_session(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
+    initial = {k: v.detach().clone() for k, v in session.unwrapped.state_dict().items()}
+    trajectories = fixed_trajectories(session.tokenizer, count=8)
+    share = len(trajectories) // session.world
+    local = trajectories[session.rank * share : (session.rank + 1) * share]
+    update(session, local)
+    if session.is_main:
         # The gradient the optimizer stepped with stays in .grad (synchronised across processes).
         grads = {
-            n: p.grad.detach().cpu() for n, p in trainer.unwrapped.named_parameters() if p.grad is not None
+            n: p.grad.detach().cpu() for n, p in session.unwrapped.named_parameters() if p.grad is not None
         }
         torch.save(grads, out)
-        params = {k: v.detach().cpu() for k, v in trainer.unwrapped.state_dict().items()}
+        params = {k: v.detach().cpu() for k, v in session.unwrapped.state_dict().items()}
         torch.save({"initial": initial, "final": params}, f"{out}.params")
-    trainer.accelerator.wait_for_everyone()
+    session.accelerator.wait_for_everyone()
 
 
 if __name__ == "__main__":

@@ -333,7 +333,7 @@ def test_a_scripted_agent_solves_every_eval_task(builtin_registry: Registry) -> 
         action = Action(text=f"The answer is <answer>{value}</answer>")
         last = await env.step(action, 1)
         assert last.done and last.termination == "answer"
-        return action.answer, str(task.answer)
+        return last.answer, str(task.answer)
 
     async def solve_all() -> list[tuple[str | None, str | None]]:
         return await asyncio.gather(*(solve(i) for i in range(len(tasks))))

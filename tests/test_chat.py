@@ -312,3 +312,121 @@ def test_a_template_error_names_the_roles(tiny_tokenizer: Any) -> None:
     assert any("role 'tool'" in issue for issue in renderer.template_issues)
     with pytest.raises(AgentR1Error, match=r"failed to render messages with roles \[user, assistant, tool\]"):
         renderer.render_observation([{"role": "tool", "content": "1"}], action_ids=[5], finish_reason="stop")
+
+
+# --------------------------------------------------------------------------------------------
+# The run config's template: model.chat_template and model.chat_template_kwargs
+# --------------------------------------------------------------------------------------------
+
+SAID_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + ' said:\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant said:\\n' }}{% endif %}"
+)
+"""A prefix-preserving template with its own markup (``role said:``), unlike the tokenizer's."""
+
+THINK_SWITCH_TEMPLATE = r"""
+{%- set thinking = enable_thinking is not defined or enable_thinking %}
+{%- set header = '<|im_start|>assistant\n' ~ ('' if thinking else '<think>\n\n</think>\n\n') %}
+{%- for m in messages %}
+  {%- if m.role == 'assistant' %}{{ header ~ m.content ~ '<|im_end|>\n' }}
+  {%- else %}{{ '<|im_start|>' ~ m.role ~ '\n' ~ m.content ~ '<|im_end|>\n' }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ header }}{% endif %}
+""".strip()
+"""Branches on the ``enable_thinking`` variable (as Qwen3's template does): when it is false every
+assistant message opens with an empty reasoning block."""
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+
+
+def test_a_configured_template_text_changes_the_prompt_tokens(tiny_tokenizer: Any) -> None:
+    from agent_r1.config import ModelConfig
+    from agent_r1.engine.chat import apply_chat_template_config
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+    default_ids = ChatRenderer(tiny_tokenizer).render_prompt(messages)
+    apply_chat_template_config(tiny_tokenizer, ModelConfig(chat_template=SAID_TEMPLATE))
+    assert tiny_tokenizer.chat_template == SAID_TEMPLATE
+    renderer = ChatRenderer(tiny_tokenizer)
+    ids = renderer.render_prompt(messages)
+    expected = (
+        "<|im_start|>system said:\nBe brief.<|im_end|>\n<|im_start|>user said:\nWhat is 2 + 2?<|im_end|>\n"
+        "<|im_start|>assistant said:\n"
+    )
+    assert ids == tiny_tokenizer.encode(expected, add_special_tokens=False)
+    assert ids != default_ids
+    assert renderer.prefix_preserving
+    pieces = renderer.render_observation(
+        [{"role": "tool", "content": "4"}], action_ids=renderer.encode("4"), finish_reason="stop"
+    )
+    assert pieces is not None
+    assert tiny_tokenizer.decode(pieces.token_ids) == (
+        "<|im_end|>\n<|im_start|>tool said:\n4<|im_end|>\n<|im_start|>assistant said:\n"
+    )
+
+
+def test_a_configured_template_file_is_read_and_saved_with_the_tokenizer(
+    tiny_tokenizer: Any, tmp_path: Any
+) -> None:
+    from transformers import AutoTokenizer
+
+    from agent_r1.config import ModelConfig
+    from agent_r1.engine.chat import apply_chat_template_config
+
+    template_file = tmp_path / "said.jinja"
+    template_file.write_text(SAID_TEMPLATE, encoding="utf-8")
+    apply_chat_template_config(tiny_tokenizer, ModelConfig(chat_template=str(template_file)))
+    prompt = ChatRenderer(tiny_tokenizer).render_prompt([{"role": "user", "content": "hi"}])
+    assert (
+        tiny_tokenizer.decode(prompt) == "<|im_start|>user said:\nhi<|im_end|>\n<|im_start|>assistant said:\n"
+    )
+    tiny_tokenizer.save_pretrained(tmp_path / "saved")  # what checkpoints and the final export do
+    assert AutoTokenizer.from_pretrained(tmp_path / "saved").chat_template == SAID_TEMPLATE
+
+
+def test_configured_kwargs_reach_prompts_observations_and_the_drift_check(tiny_tokenizer: Any) -> None:
+    from agent_r1.config import load_config
+    from agent_r1.engine.chat import apply_chat_template_config
+
+    tiny_tokenizer.chat_template = THINK_SWITCH_TEMPLATE
+    thinking = ChatRenderer(tiny_tokenizer)
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    assert EMPTY_THINK not in tiny_tokenizer.decode(thinking.render_prompt(messages))
+
+    config = load_config(overrides=["model.chat_template_kwargs.enable_thinking=false"])
+    assert config.model.chat_template_kwargs == {"enable_thinking": False}
+    apply_chat_template_config(tiny_tokenizer, config.model)
+    renderer = ChatRenderer(tiny_tokenizer)
+    assert renderer.template_kwargs == {"enable_thinking": False}
+    assert tiny_tokenizer.decode(renderer.render_prompt(messages)).endswith(
+        "<|im_start|>assistant\n" + EMPTY_THINK
+    )
+    turns = [("four", "eos", [{"role": "tool", "content": "checked: 4"}]), ("4", "eos", [])]
+    ids, conversation = build_incrementally(renderer, messages, turns)
+    assert tiny_tokenizer.decode(ids).count(EMPTY_THINK) == 2  # the observation's header has it too
+    assert renderer.drift(conversation, ids) == 0
+    assert thinking.drift(conversation, ids) > 0  # a reference rendered without the kwarg differs
+    explicit = ChatRenderer(tiny_tokenizer, template_kwargs={"enable_thinking": True})
+    assert EMPTY_THINK not in tiny_tokenizer.decode(explicit.render_prompt(messages))
+
+
+def test_bad_chat_template_settings_are_config_errors(tiny_tokenizer: Any, tmp_path: Any) -> None:
+    from agent_r1.config import ModelConfig
+    from agent_r1.engine.chat import apply_chat_template_config, check_chat_template_config
+    from agent_r1.errors import ConfigError
+
+    assert check_chat_template_config(ModelConfig()) is None
+    with pytest.raises(ConfigError, match=r"model.chat_template: 'nowhere/chat.jinja' is not a file") as info:
+        check_chat_template_config(ModelConfig(chat_template="nowhere/chat.jinja"))
+    assert info.value.path == "model.chat_template"
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"Jinja syntax error in .*broken.jinja at line \d"):
+        check_chat_template_config(ModelConfig(chat_template=str(broken)))
+    with pytest.raises(ConfigError, match=r"'tokenize' is an argument of apply_chat_template"):
+        apply_chat_template_config(tiny_tokenizer, ModelConfig(chat_template_kwargs={"tokenize": True}))
+    raising = tmp_path / "raising.jinja"
+    raising.write_text("{{ raise_exception('unsupported role') }}", encoding="utf-8")
+    apply_chat_template_config(tiny_tokenizer, ModelConfig(chat_template=str(raising)))
+    with pytest.raises(AgentR1Error, match=r"chat_template \(file '.*raising.jinja'\) failed to render"):
+        ChatRenderer(tiny_tokenizer)

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -319,3 +320,35 @@ def test_viewer_colours_decoded_tokens_by_provenance(tmp_path: Path) -> None:
     assert policy is not None and "font-weight: bold" in policy.group(1)
     assert env is not None and env.group(1) != policy.group(1)
     assert token_counts(_trajectory()) == {"prompt": 3, "policy": 3, "env": 4, "template": 0}
+
+
+# --------------------------------------------------------------------------------------------
+# train / demo pass --resume and --allow-config-change through to the runner
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_allow_config_change_reaches_the_runner(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The runner itself is tested end to end elsewhere; here only the command-line wiring, so
+    # runner.train is replaced by a recorder (the real one would train a model).
+    import agent_r1.engine.runner as runner
+
+    calls: list[tuple[Any, ...]] = []
+
+    def record(config_path: Any, overrides: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.append((config_path, list(overrides), kwargs))
+        return {}
+
+    monkeypatch.setattr(runner, "train", record)
+    args = (
+        [command]
+        + (["run.yaml"] if command == "train" else [])
+        + ["seed=3", "--resume", "--allow-config-change"]
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    expected_path = "run.yaml" if command == "train" else "demo"
+    assert calls == [(expected_path, ["seed=3"], {"resume": True, "allow_config_change": True})]
+    calls.clear()
+    assert CliRunner().invoke(app, args[:-2]).exit_code == 0
+    assert calls[0][2] == {"resume": False, "allow_config_change": False}

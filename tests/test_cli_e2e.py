@@ -229,9 +229,8 @@ def test_train_refuses_to_overwrite_a_run_with_checkpoints(
     before = _previous_run(run_dir)
     result = agent_r1(["train", str(_config(tmp_path / "run.yaml", model_dir, run_dir))], site)
     assert result.returncode == 2
-    assert "already holds a run with checkpoints. Continue it with --resume" in " ".join(
-        result.stderr.split()
-    )
+    message = " ".join(result.stderr.split())
+    assert f"{run_dir} already holds a run" in message and "Continue it with --resume" in message
     assert _snapshot(run_dir) == before
 
 
@@ -274,3 +273,100 @@ def test_models_list(site: Path) -> None:
     line = next(line for line in result.stdout.splitlines() if line.startswith("smollm2-135m-instruct"))
     assert "(prepared)" in line or "(not prepared yet)" in line
     assert "SmolLM2-135M-Instruct" in line
+
+
+# --------------------------------------------------------------------------------------------
+# a usable model out: run/final, `agent-r1 export`, model.path=RUN
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_trained_run_exports_a_model_that_plain_transformers_loads(
+    site: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = tmp_path / "run"
+    config = _config(tmp_path / "run.yaml", model_dir, run_dir, trainer={"steps": 2, "checkpoint_every": 1})
+    trained = agent_r1(["train", str(config)], site)
+    assert trained.returncode == 0, trained.stderr
+
+    out = tmp_path / "exported"
+    exported = agent_r1(["export", str(run_dir), "--out", str(out)], site)
+    assert exported.returncode == 0, exported.stderr
+    assert f"exported {run_dir / 'checkpoints' / 'step_000002'} (step 2) to {out}" in exported.stdout
+    assert "AutoModelForCausalLM.from_pretrained" in exported.stdout
+
+    final = AutoModelForCausalLM.from_pretrained(str(run_dir / "final")).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.chat_template, "the chat template travels with the export"
+    changed = False
+    for name, tensor in model.state_dict().items():  # the last checkpoint is the end-of-run model
+        assert torch.equal(tensor, final.state_dict()[name]), name
+        changed |= not torch.equal(tensor, base.state_dict()[name])
+    assert changed, "training did not change the weights; the comparison is blind"
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write only digits (3)."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
+    generate = {"do_sample": False, "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id}
+    assert torch.equal(model.generate(ids, **generate), final.generate(ids, **generate))
+
+    # model.path=RUN evaluates the run's final model; a checkpoint is refused with advice
+    evaluated = agent_r1(
+        [
+            "eval",
+            str(_config(tmp_path / "again.yaml", run_dir, tmp_path / "again")),
+            "--out",
+            str(tmp_path / "ev"),
+        ],
+        site,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr
+    refused = agent_r1(
+        [
+            "eval",
+            str(_config(tmp_path / "ckpt.yaml", run_dir / "checkpoints" / "step_000002", tmp_path / "x")),
+        ],
+        site,
+    )
+    assert refused.returncode == 2 and "is a training checkpoint" in refused.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# check / config show run the preflight
+# --------------------------------------------------------------------------------------------
+
+
+def test_check_prints_the_report_and_exits_2_on_a_failure(
+    site: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    config = _config(tmp_path / "run.yaml", model_dir, tmp_path / "run")
+    good = agent_r1(["check", str(config)], site)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "agent-r1 preflight" in good.stdout and "0 failed" in good.stdout
+    for name in ("model", "tokenizer", "context", "data", "output", "prompts"):
+        assert name in good.stdout
+    bad = agent_r1(["check", str(config), "rollout.max_context=16"], site)
+    assert bad.returncode == 2
+    assert "train on nothing" in " ".join(bad.stdout.split()) and "1 failed" in bad.stdout
+    as_json = agent_r1(["check", str(config), "--json"], site)
+    assert {c["status"] for c in json.loads(as_json.stdout)} == {"ok"}
+    assert not (tmp_path / "run").exists(), "check created the run directory"
+
+
+def test_config_show_prints_the_config_then_the_preflight_problems(
+    site: Path, model_dir: Path, tmp_path: Path
+) -> None:
+    config = _config(tmp_path / "run.yaml", model_dir, tmp_path / "run")
+    shown = agent_r1(["config", "show", str(config), "rollout.max_context=16"], site)
+    assert shown.returncode == 2
+    assert yaml.safe_load(shown.stdout)["rollout"]["max_context"] == 16, "the config is printed in full"
+    stderr = " ".join(shown.stderr.split())
+    assert "error: prompts: every one of the first" in stderr and "Traceback" not in stderr
+    unchecked = agent_r1(["config", "show", str(config), "rollout.max_context=16", "--no-check"], site)
+    assert unchecked.returncode == 0 and unchecked.stderr.strip() == ""

@@ -172,6 +172,8 @@ def test_components_resolve_with_their_own_config(acme: Registry, tmp_path: Path
         "environment",
         "rollout.backend",
         "algorithm",
+        "algorithm.estimator",  # the preset's effective estimator and loss, always resolved
+        "algorithm.loss",
         "rewards[0]",
         "trackers[0]",
     }

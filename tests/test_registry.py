@@ -449,3 +449,41 @@ def test_an_in_process_plugin_with_a_typo_warns_or_fails_under_strict(
     monkeypatch.setenv("AGENT_R1_STRICT_PLUGINS", "1")
     with pytest.raises(PluginError, match="'on_trian_end', which is not an agent-r1 hook"):
         Registry(entry_points=False).register_plugin(plugin, "typo_in_process")
+
+
+# --------------------------------------------------------------------------------------------
+# Python paths next to plugin:name (more in test_python_path_components.py)
+# --------------------------------------------------------------------------------------------
+
+
+def test_plugin_name_and_python_path_readings_of_a_colon(sites: Sites) -> None:
+    with sites.on_path("acme", "other"):
+        registry = Registry()
+        echo = registry.get("tools", "acme:echo")
+        # the part before ':' is no plugin, so this is the module of the acme plugin, by Python path
+        assert registry.get("tools", "acme_agent_plugin:EchoTool") is echo
+        assert echo.provenance == ACME, "a plugin's class keeps the plugin's provenance"
+        with pytest.raises(ComponentNotFound) as caught:
+            registry.get("tools", "acme:EchoTool")  # a plugin name: never read as a module
+        assert "plugin 'acme' (distribution agent-r1-plugin-acme 1.2.3" in str(caught.value)
+        assert "provides no tool 'EchoTool' (its tools: echo" in str(caught.value)
+
+
+def test_a_python_path_into_an_installed_distribution_records_it(tmp_path: Path) -> None:
+    from agent_r1.testing import PluginDistribution, plugin_path
+
+    library = PluginDistribution(
+        "acme-reward-library",
+        {"acme_reward_library.py": "def brevity(trajectory, task):\n    return 1.0\n"},
+        {},
+        version="0.3.0",
+    )
+    library.write(tmp_path)
+    with plugin_path(tmp_path):
+        try:
+            cls = Registry().get("reward_shapers", "acme_reward_library:brevity")
+        finally:
+            sys.modules.pop("acme_reward_library", None)
+    assert cls.provenance == Provenance(
+        "(python path)", "acme-reward-library", "0.3.0", "acme_reward_library:brevity"
+    )

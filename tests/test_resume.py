@@ -99,7 +99,7 @@ def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     assert resumed.returncode == 0, output
 
     reference, after_resume = _metrics(reference_dir), _metrics(killed_dir)
-    assert [m["step"] for m in after_resume] == list(range(steps))
+    assert [m["step"] for m in after_resume] == list(range(1, steps + 1))
     assert len(reference) == len(after_resume)
     for expected, got in zip(reference, after_resume, strict=False):
         assert expected.keys() == got.keys()
@@ -149,13 +149,89 @@ def test_save_is_atomic_and_prunes(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == ["step_000003", "step_000004"]
 
 
-def test_train_refuses_to_overwrite_without_resume(tmp_path: Path) -> None:
-    from agent_r1.config import RunConfig
-    from agent_r1.engine.runner import _run_dir
+def test_a_fresh_run_refuses_a_directory_that_holds_run_files(tmp_path: Path) -> None:
+    """Checkpoints or not: any run file (here only a metrics log) marks the directory as taken, and
+    the advice names --resume; a resume with a changed config is refused unless allowed."""
+    from agent_r1.engine.runner import _check_run_dir
     from agent_r1.errors import AgentR1Error
 
-    run = RunConfig(output_dir=str(tmp_path / "run"))
-    ckpt.save_checkpoint(tmp_path / "run" / "checkpoints", 1, {"step": 1}, {})
-    with pytest.raises(AgentR1Error, match="--resume"):
-        _run_dir(run, resume=False)
-    assert _run_dir(run, resume=True) == tmp_path / "run"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    _check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)  # empty: fine
+    (run_dir / "metrics.jsonl").write_text("")
+    with pytest.raises(AgentR1Error, match=r"already holds a run \(metrics.jsonl\).*--resume"):
+        _check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)
+    (run_dir / "config.json").write_text(json.dumps({"seed": 0, "trainer": {"lr": 0.1}}))
+    _check_run_dir(run_dir, {"seed": 0, "trainer": {"lr": 0.1}}, resume=True, allow_config_change=False)
+    changed = {"seed": 0, "trainer": {"lr": 0.2}}
+    with pytest.raises(AgentR1Error, match=r"trainer.lr: 0.1 -> 0.2(.|\n)*--allow-config-change"):
+        _check_run_dir(run_dir, changed, resume=True, allow_config_change=False)
+    _check_run_dir(run_dir, changed, resume=True, allow_config_change=True)
+
+
+def _wait_for_metrics(run_dir: Path, process: subprocess.Popen[bytes], lines: int) -> None:
+    deadline = time.monotonic() + 240
+    path = run_dir / "metrics.jsonl"
+    while not (path.exists() and len(path.read_text().splitlines()) >= lines):
+        assert process.poll() is None, process.communicate()[0].decode()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path: Path) -> None:
+    """SIGTERM mid-run: the step in progress finishes, a checkpoint is written, the run says so
+    and exits 143; --resume then ends exactly where an uninterrupted run ends."""
+    model_dir = write_tiny_checkpoint(tmp_path / "model")
+    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    trainer = {"steps": 5, "tasks_per_step": 2, "micro_batch_size": 4, "lr": 3e-3, "checkpoint_every": 0}
+    reference_dir = tmp_path / "reference"
+    reference_cfg = write_config(tmp_path / "ref.yaml", toy_config(model_dir, reference_dir, trainer=trainer))
+    done = _train(reference_cfg, plugin_dir)
+    assert done.wait(timeout=300) == 0, done.communicate()[0].decode()
+
+    run_dir = tmp_path / "stopped"
+    config = write_config(tmp_path / "stopped.yaml", toy_config(model_dir, run_dir, trainer=trainer))
+    victim = _train(config, plugin_dir, delay=0.5)
+    _wait_for_metrics(run_dir, victim, 1)
+    victim.send_signal(signal.SIGTERM)
+    output = victim.communicate(timeout=120)[0].decode()
+    assert victim.returncode == 128 + signal.SIGTERM, output
+    stopped_at = len(_metrics(run_dir))
+    assert 1 <= stopped_at < 5, output
+    assert f"interrupted (SIGTERM) at step {stopped_at}; checkpoint written; continue with --resume" in output
+    assert "Traceback" not in output and "error:" not in output
+    assert ckpt.latest_checkpoint(run_dir / "checkpoints") == ckpt.checkpoint_dir(
+        run_dir / "checkpoints", stopped_at
+    )
+    assert "interrupted (SIGTERM)" in (run_dir / "run.log").read_text()
+
+    resumed = _train(config, plugin_dir, "--resume")
+    output = resumed.communicate(timeout=300)[0].decode()
+    assert resumed.returncode == 0, output
+    assert f"--resume: continuing from {ckpt.checkpoint_dir(run_dir / 'checkpoints', stopped_at)}" in output
+    reference, after = _metrics(reference_dir), _metrics(run_dir)
+    assert [m["step"] for m in after] == [1, 2, 3, 4, 5]
+    for expected, got in zip(reference, after, strict=True):
+        for key in expected:
+            assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), (expected["step"], key)
+
+
+@pytest.mark.slow
+def test_a_second_sigint_stops_at_once(tmp_path: Path) -> None:
+    model_dir = write_tiny_checkpoint(tmp_path / "model")
+    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    trainer = {"steps": 50, "tasks_per_step": 2, "micro_batch_size": 4, "checkpoint_every": 0}
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", toy_config(model_dir, run_dir, trainer=trainer))
+    victim = _train(config, plugin_dir, delay=5.0)  # each step then waits 5 s in an observer
+    _wait_for_metrics(run_dir, victim, 1)
+    victim.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    started = time.monotonic()
+    victim.send_signal(signal.SIGINT)
+    output = victim.communicate(timeout=60)[0].decode()
+    assert time.monotonic() - started < 4.0, "the second signal did not stop the run at once"
+    assert victim.returncode == 128 + signal.SIGINT, output
+    assert "finishing the current step, then writing a checkpoint" in output
+    assert "interrupted again (SIGINT)" in output and "--resume" in output

@@ -378,7 +378,8 @@ class NoBudgetBackend(ScriptedBackend):
 
 def test_backends_without_per_prompt_budgets_are_cut_to_the_context(tokenizer: Any) -> None:
     backend = NoBudgetBackend(tokenizer=tokenizer, responses=["word " * 40])
-    engine = RolloutEngine(backend, tokenizer, lambda: EchoEnv(), max_new_tokens=30, max_context=40)
+    with pytest.warns(DeprecationWarning, match="takes no max_new_tokens"):
+        engine = RolloutEngine(backend, tokenizer, lambda: EchoEnv(), max_new_tokens=30, max_context=40)
     [trajectory] = engine.collect(tasks(1), 1, seed=0)
     assert len(trajectory) == 40
     assert trajectory.steps[0].action.finish_reason == "context"

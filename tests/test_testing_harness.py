@@ -283,3 +283,17 @@ def test_check_plugin_lists_every_problem(sites: Sites) -> None:
 def test_check_algorithm_needs_its_estimator_and_loss(acme: ModuleType) -> None:
     with pytest.raises(ContractViolation, match="advantage estimator 'constant' is unusable"):
         check_algorithm(acme.AcmePG, registry=Registry(entry_points=False))
+
+
+def test_scripted_rollout_is_one_import_away() -> None:
+    """A plugin test runs its environment through the real engine with one import."""
+    from agent_r1.builtins.calculator import CalculatorEnv
+    from agent_r1.mdp import Task
+    from agent_r1.testing import scripted_rollout
+
+    task = Task(id="q", messages=[{"role": "user", "content": "What is 2+3?"}], answer="5")
+    [trajectory] = scripted_rollout(CalculatorEnv, ["<calc>2+3</calc>", "<answer>5</answer>"], task)
+    assert [step.action.tool_calls[0].name for step in trajectory.steps[:1]] == ["calculator"]
+    assert trajectory.steps[0].observation is not None
+    assert trajectory.steps[0].observation.tool_results[0].content == "5"
+    assert trajectory.steps[-1].action.answer == "5" and trajectory.termination == "answer"

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -116,10 +116,71 @@ class Rich(Tool):
         )
 
 
+class Counted(Tool):
+    """Counts its constructions (a stand-in for a tool that loads an index when built)."""
+
+    name = "counted"
+    description = "Say how many instances exist."
+    built: ClassVar[int] = 0
+
+    class Config(ComponentConfig):
+        label: str = ""
+
+    class Arguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        Counted.built += 1
+
+    def run(self, arguments: Arguments) -> str:
+        return f"{self.config.label}{Counted.built}"
+
+
+class Notebook(Tool):
+    """Keeps per-episode state, and says so with ``per_episode``."""
+
+    name = "notebook"
+    description = "Write a note; returns every note of this episode."
+    per_episode = True
+    built: ClassVar[int] = 0
+
+    class Arguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        note: str
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        Notebook.built += 1
+        self.notes: list[str] = []
+
+    def run(self, arguments: Arguments) -> str:
+        self.notes.append(arguments.note)
+        return ", ".join(self.notes)
+
+
+class Unpicklable(Tool):
+    """Asks for process isolation but holds a lock, which cannot travel to a child process."""
+
+    name = "unpicklable"
+    description = "Cannot be pickled."
+    isolation = "process"
+
+    class Arguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.lock = threading.Lock()
+
+    def run(self, arguments: Arguments) -> str:
+        return "never"
+
+
 class ToolsPlugin:
     @hookimpl
     def register_tools(self) -> list[type[Tool]]:
-        return [Echo, Nap, Doze, Boom, Flood, Rich]
+        return [Echo, Nap, Doze, Boom, Flood, Rich, Counted, Notebook, Unpicklable]
 
 
 @pytest.fixture
@@ -205,6 +266,38 @@ def test_bad_environment_options_are_errors(registry: Registry) -> None:
         make_env(tools=["echo", "nap"], format={"name": "tags", "tool_tags": {"echo": "x", "nap": "x"}})
 
 
+def test_episodes_share_tools_built_once_per_configuration(registry: Registry) -> None:
+    Counted.built = Notebook.built = 0
+    config = ToolEnv.Config.model_validate({"tools": ["counted", "notebook", "echo"]})
+    envs = [ToolEnv(config) for _ in range(5)]  # what the engine does: one per episode
+    envs.append(make_env(tools=["counted", {"name": "notebook"}, "echo"]))  # same config, other spelling
+    assert Counted.built == 1
+    assert all(env.tools["counted"] is envs[0].tools["counted"] for env in envs)
+    assert all(env.format is envs[0].format for env in envs)
+    assert list(envs[0].tools) == ["counted", "notebook", "echo"]
+    # a per-episode tool is built for every episode and keeps its state to itself
+    assert Notebook.built == 6
+    assert len({id(env.tools["notebook"]) for env in envs}) == 6
+    assert step(envs[0], "<notebook>a</notebook>")[1].tool_results[0].content == "a"
+    assert step(envs[0], "<notebook>b</notebook>")[1].tool_results[0].content == "a, b"
+    assert step(envs[1], "<notebook>c</notebook>")[1].tool_results[0].content == "c"
+    # other tool options are another configuration; a new registry builds anew
+    make_env(tools=[{"name": "counted", "label": "x"}])
+    assert Counted.built == 2
+    reset_registry(Registry(entry_points=True)).register_plugin(ToolsPlugin(), "test_tools")
+    ToolEnv(config)
+    assert Counted.built == 3
+
+
+def test_a_process_isolated_tool_that_cannot_be_pickled_is_a_config_error(registry: Registry) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"tool_env.tools\[0\]: tool 'unpicklable' \(test_tool_env.Unpicklable\) has isolation "
+        r"'process' but cannot be pickled to its child process \(TypeError: cannot pickle '_thread.lock'",
+    ):
+        make_env(tools=["unpicklable"])
+
+
 # --------------------------------------------------------------------------------------------
 # reset
 # --------------------------------------------------------------------------------------------
@@ -252,9 +345,9 @@ def test_reset_gives_tool_schemas_when_the_format_uses_the_template(registry: Re
 
 def test_step_runs_calls_and_renders_results(registry: Registry) -> None:
     env = make_env()
-    action, observation = step(env, "First <echo>hi</echo>", turn=2)
-    assert [c.id for c in action.tool_calls] == ["call_2_0"]
-    assert action.answer is None and action.parse_errors == []
+    _, observation = step(env, "First <echo>hi</echo>", turn=2)
+    assert [c.id for c in observation.tool_calls] == ["call_2_0"]
+    assert observation.answer is None and observation.parse_errors == []
     (result,) = observation.tool_results
     assert (result.call_id, result.name, result.content, result.ok) == ("call_2_0", "echo", "hi", True)
     assert observation.messages == [{"role": "user", "content": "<result>hi</result>"}]
@@ -360,9 +453,9 @@ def test_malformed_calls_are_shown_to_the_agent(registry: Registry) -> None:
         '<tool_call>{"name": "ehco", "arguments": {}}</tool_call>'
         '<tool_call>{"name": "echo" "arguments"}</tool_call>'
     )
-    action, observation = step(env, text)
-    assert [c.arguments for c in action.tool_calls] == [{"text": "fine"}]
-    assert action.parse_errors == [
+    _, observation = step(env, text)
+    assert [c.arguments for c in observation.tool_calls] == [{"text": "fine"}]
+    assert observation.parse_errors == [
         "tool call 2 (echo): argument 'text': Input should be a valid string (got 5).",
         "tool call 3: unknown tool 'ehco'. Did you mean 'echo'? Known tools: 'echo', 'nap', 'doze', 'boom', "
         "'flood', 'rich'.",
@@ -371,29 +464,33 @@ def test_malformed_calls_are_shown_to_the_agent(registry: Registry) -> None:
     ]
     assert observation.info == {"tool_calls": 1, "tool_errors": 0, "format_errors": 3}
     assert observation.messages[0] == {"role": "tool", "name": "echo", "content": "fine"}
-    assert [m["content"] for m in observation.messages[1:]] == [f"Error: {e}" for e in action.parse_errors]
+    assert [m["content"] for m in observation.messages[1:]] == [
+        f"Error: {e}" for e in observation.parse_errors
+    ]
     assert not observation.done
 
 
 def test_too_many_calls_are_capped_by_the_environment(registry: Registry) -> None:
     env = make_env(max_calls_per_turn=2)
-    action, observation = step(env, "<echo>1</echo><echo>2</echo><echo>3</echo>")
+    _, observation = step(env, "<echo>1</echo><echo>2</echo><echo>3</echo>")
     assert [r.content for r in observation.tool_results] == ["1", "2"]
-    assert [c.id for c in action.tool_calls] == ["call_0_0", "call_0_1"]
-    assert action.parse_errors == [
+    assert [c.id for c in observation.tool_calls] == ["call_0_0", "call_0_1"]
+    assert observation.parse_errors == [
         "too many tool calls in one turn: 3 given, at most 2 allowed. Calls 3-3 (echo) were not run; "
         "make at most 2 calls per turn."
     ]
-    assert observation.messages[0]["content"].endswith(f"<result>Error: {action.parse_errors[0]}</result>")
+    assert observation.messages[0]["content"].endswith(
+        f"<result>Error: {observation.parse_errors[0]}</result>"
+    )
 
 
 def test_a_turn_with_only_a_broken_call_gets_feedback_instead_of_ending(registry: Registry) -> None:
     env = make_env()
-    action, observation = step(env, "<echo>unfinished")
+    _, observation = step(env, "<echo>unfinished")
     assert not observation.done
-    assert action.parse_errors == ["tool call 1 <echo>: the tag is not closed: write <echo>...</echo>."]
+    assert observation.parse_errors == ["tool call 1 <echo>: the tag is not closed: write <echo>...</echo>."]
     assert observation.messages == [
-        {"role": "user", "content": f"<result>Error: {action.parse_errors[0]}</result>"}
+        {"role": "user", "content": f"<result>Error: {observation.parse_errors[0]}</result>"}
     ]
 
 
@@ -409,9 +506,9 @@ def test_calls_the_format_let_through_are_checked_again(registry: Registry) -> N
 
 def test_a_stop_sequence_missing_from_the_text_is_restored(registry: Registry) -> None:
     env = make_env(tools=["echo"])
-    action, observation = step(env, "Let me echo <echo>hi", finish_reason="stop")
-    assert action.parse_errors == [] and [r.content for r in observation.tool_results] == ["hi"]
-    cut, _ = step(env, "Let me echo <echo>hi", finish_reason="length")  # really cut off: an error
+    _, observation = step(env, "Let me echo <echo>hi", finish_reason="stop")
+    assert observation.parse_errors == [] and [r.content for r in observation.tool_results] == ["hi"]
+    _, cut = step(env, "Let me echo <echo>hi", finish_reason="length")  # really cut off: an error
     assert cut.tool_calls == [] and cut.parse_errors
 
 
@@ -422,8 +519,8 @@ def test_a_stop_sequence_missing_from_the_text_is_restored(registry: Registry) -
 
 def test_an_answer_ends_the_episode_without_running_tools(registry: Registry) -> None:
     env = make_env()
-    action, observation = step(env, "<echo>x</echo> <answer> 42 </answer>")
-    assert action.answer == "42" and len(action.tool_calls) == 1
+    _, observation = step(env, "<echo>x</echo> <answer> 42 </answer>")
+    assert observation.answer == "42" and len(observation.tool_calls) == 1
     assert observation.done and observation.termination == "answer"
     assert observation.tool_results == [] and observation.messages == []
     assert observation.info["ignored_tool_calls"] == 1
@@ -431,8 +528,8 @@ def test_an_answer_ends_the_episode_without_running_tools(registry: Registry) ->
 
 def test_end_on_answer_false_runs_the_calls_and_goes_on(registry: Registry) -> None:
     env = make_env(end_on_answer=False)
-    action, observation = step(env, "<echo>x</echo> <answer>42</answer>")
-    assert action.answer == "42" and not observation.done
+    _, observation = step(env, "<echo>x</echo> <answer>42</answer>")
+    assert observation.answer == "42" and not observation.done
     assert [r.content for r in observation.tool_results] == ["x"]
     _, last = step(env, "<answer>42</answer>", turn=1)
     assert last.done and last.termination == "answer"
@@ -441,9 +538,9 @@ def test_end_on_answer_false_runs_the_calls_and_goes_on(registry: Registry) -> N
 def test_a_turn_without_call_or_answer_ends_or_nudges(registry: Registry) -> None:
     _, observation = step(make_env(), "I do not know.")
     assert observation.done and observation.termination == "no_tool_call"
-    action, nudged = step(make_env(end_on_no_tool_call=False), "I do not know.")
+    _, nudged = step(make_env(end_on_no_tool_call=False), "I do not know.")
     assert not nudged.done
-    assert action.parse_errors == [NO_CALL_MESSAGE]
+    assert nudged.parse_errors == [NO_CALL_MESSAGE]
     assert nudged.messages == [{"role": "user", "content": f"<result>Error: {NO_CALL_MESSAGE}</result>"}]
     assert nudged.info["format_errors"] == 1
 
@@ -474,11 +571,13 @@ def test_process_rewards_are_emitted_per_turn_when_configured(registry: Registry
     assert [r.name for r in clean.rewards] == ["tool_success"]
 
 
-def test_the_environment_writes_what_it_parsed_into_the_action(registry: Registry) -> None:
+def test_parse_results_come_back_in_the_observation_and_the_action_is_left_alone(
+    registry: Registry,
+) -> None:
     env = make_env(format="hermes")
     call = {"name": "echo", "arguments": {"text": "a"}}
-    action, _ = step(env, f"<tool_call>{json.dumps(call)}</tool_call>", turn=5)
-    assert action.tool_calls == [
+    action, observation = step(env, f"<tool_call>{json.dumps(call)}</tool_call><answer>b</answer>", turn=5)
+    assert observation.tool_calls == [
         ToolCall(
             id="call_5_0",
             name="echo",
@@ -486,4 +585,7 @@ def test_the_environment_writes_what_it_parsed_into_the_action(registry: Registr
             raw=f"<tool_call>{json.dumps(call)}</tool_call>",
         )
     ]
-    assert action.model_dump()["tool_calls"][0]["id"] == "call_5_0"  # what the engine records
+    assert (observation.answer, observation.parse_errors) == ("b", [])
+    assert observation.model_dump()["tool_calls"][0]["id"] == "call_5_0"  # what the engine records
+    untouched = Action(text=action.text)
+    assert action == untouched  # tool_calls, answer and parse_errors stay as the engine made them

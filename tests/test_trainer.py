@@ -12,6 +12,8 @@ import torch
 from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_config, write_tiny_checkpoint
 
 from agent_r1.config import RunConfig, validate_components
+from agent_r1.engine import train_step
+from agent_r1.engine.update import update
 from agent_r1.mdp import Trajectory
 from agent_r1.registry import reset_registry
 
@@ -28,23 +30,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
-def _trainer(config: dict[str, Any], registry: Any) -> Any:
-    from agent_r1.engine.trainer import Trainer
+def _session(config: dict[str, Any], registry: Any) -> Any:
+    from agent_r1.engine import build_session
 
     run = RunConfig.model_validate(config)
-    return Trainer(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
+    return build_session(run, validate_components(run, registry), Path(run.output_dir), registry=registry)
 
 
-def _reward_curve(trainer: Any, steps: int) -> list[float]:
-    return [trainer.train_step()["reward/answer_match"] for _ in range(steps)]
+def _reward_curve(session: Any, steps: int) -> list[float]:
+    return [train_step(session).metrics["reward/answer_match"] for _ in range(steps)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
 def test_reward_rises_on_toy_task(algorithm: str, registry: Any, model_dir: Path, tmp_path: Path) -> None:
     config = toy_config(model_dir, tmp_path / "run", algorithm={"name": algorithm})
-    trainer = _trainer(config, registry)
-    curve = _reward_curve(trainer, 10)
+    session = _session(config, registry)
+    curve = _reward_curve(session, 10)
     early, late = sum(curve[:3]) / 3, sum(curve[-3:]) / 3
     assert early < 0.2 and late > early + 0.5, f"{algorithm}: reward did not rise: {curve}"
 
@@ -64,9 +66,9 @@ def test_ppo_with_critic_learns(registry: Any, model_dir: Path, tmp_path: Path) 
             "mini_batches": 2,
         },
     )
-    trainer = _trainer(config, registry)
-    assert trainer.value_head is not None and trainer.ref_model is None
-    metrics = [trainer.train_step() for _ in range(12)]
+    session = _session(config, registry)
+    assert session.value_head is not None and session.ref_model is None
+    metrics = [train_step(session).metrics for _ in range(12)]
     curve = [m["reward/answer_match"] for m in metrics]
     assert sum(curve[-3:]) / 3 > sum(curve[:3]) / 3 + 0.5, curve
     assert all("critic/value_loss" in m for m in metrics)
@@ -92,10 +94,10 @@ def test_update_does_not_depend_on_micro_batch_size(
                 "grad_clip": None,
             },
         )
-        trainer = _trainer(config, registry)
-        trainer.update_on(fixed_trajectories(trainer.tokenizer))
+        session = _session(config, registry)
+        update(session, fixed_trajectories(session.tokenizer))
         results.append(
-            torch.cat([p.grad.flatten() for p in trainer.unwrapped.parameters() if p.grad is not None])
+            torch.cat([p.grad.flatten() for p in session.unwrapped.parameters() if p.grad is not None])
         )
     assert results[0].abs().max() > 1e-3
     assert torch.allclose(results[0], results[1], atol=1e-7, rtol=1e-5)
@@ -103,24 +105,25 @@ def test_update_does_not_depend_on_micro_batch_size(
 
 
 def test_kl_loads_reference_only_when_needed(registry: Any, model_dir: Path, tmp_path: Path) -> None:
-    no_kl = _trainer(toy_config(model_dir, tmp_path / "a"), registry)
+    no_kl = _session(toy_config(model_dir, tmp_path / "a"), registry)
     assert no_kl.ref_model is None
-    with_kl = _trainer(
+    with_kl = _session(
         toy_config(
             model_dir, tmp_path / "b", algorithm={"name": "grpo", "kl": {"coef": 0.1, "estimator": "k3"}}
         ),
         registry,
     )
     assert with_kl.ref_model is not None
-    metrics = with_kl.update_on(fixed_trajectories(with_kl.tokenizer))
+    metrics = update(with_kl, fixed_trajectories(with_kl.tokenizer))
     assert metrics["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # same weights before the update
-    metrics = with_kl.update_on(fixed_trajectories(with_kl.tokenizer))
+    metrics = update(with_kl, fixed_trajectories(with_kl.tokenizer))
     assert metrics["actor/kl"] > 0.0
 
 
 def test_nan_loss_is_skipped_then_aborts(registry: Any, model_dir: Path, tmp_path: Path) -> None:
     from agent_r1 import ComponentConfig, PolicyLoss, hookimpl
-    from agent_r1.engine.trainer import NonFiniteLossWarning, TrainingAborted
+    from agent_r1.engine.update import NonFiniteLossWarning
+    from agent_r1.errors import TrainingAborted
 
     class NaNLoss(PolicyLoss):
         name = "nan_loss"
@@ -143,16 +146,16 @@ def test_nan_loss_is_skipped_then_aborts(registry: Any, model_dir: Path, tmp_pat
         algorithm={"name": "grpo", "loss": {"name": "nan_loss"}},
         trainer={"steps": 5, "tasks_per_step": 2, "micro_batch_size": 8, "max_bad_steps": 2},
     )
-    trainer = _trainer(config, registry)
-    before = [p.detach().clone() for p in trainer.unwrapped.parameters()]
+    session = _session(config, registry)
+    before = [p.detach().clone() for p in session.unwrapped.parameters()]
     with pytest.warns(NonFiniteLossWarning, match="skipped"):
-        metrics = trainer.update_on(fixed_trajectories(trainer.tokenizer))
+        metrics = update(session, fixed_trajectories(session.tokenizer))
     assert metrics["actor/skipped_updates"] == 1.0
-    assert all(torch.equal(a, b) for a, b in zip(before, trainer.unwrapped.parameters(), strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(before, session.unwrapped.parameters(), strict=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonFiniteLossWarning)
         with pytest.raises(TrainingAborted, match="max_bad_steps=2"):
-            trainer.update_on(fixed_trajectories(trainer.tokenizer))
+            update(session, fixed_trajectories(session.tokenizer))
 
 
 @pytest.mark.slow
@@ -207,7 +210,7 @@ def test_train_run_writes_everything_and_calls_observers(
     assert [v for n, v in calls if n == "on_checkpoint"] == ["step_000002", "step_000003"]
     assert names[-2:] == ["on_train_end", "on_eval_end"]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [0, 1, 2]
+    assert [line["step"] for line in lines] == [1, 2, 3]
     for key in ("reward/answer_match", "actor/entropy", "time/generation_s", "batch/zero_variance_groups"):
         assert key in lines[0], key
     for name in ("report.html", "reward_curve.png", "eval_before.json", "eval_after.json", "config.json"):
@@ -224,13 +227,14 @@ def test_remax_gets_a_greedy_baseline_per_task(registry: Any, model_dir: Path, t
         algorithm={"name": "grpo", "estimator": {"name": "remax"}},
         trainer={"steps": 1, "tasks_per_step": 2, "micro_batch_size": 8},
     )
-    trainer = _trainer(config, registry)
-    metrics = trainer.train_step()
+    session = _session(config, registry)
+    result = train_step(session)
+    metrics = result.metrics
     assert "reward/baseline_score_mean" in metrics
-    baselines = {t.task_id: t.metrics["baseline_score"] for t in trainer.last_trajectories}
+    baselines = {t.task_id: t.metrics["baseline_score"] for t in result.trajectories}
     assert len(baselines) == 2
     # advantage = score - baseline of the task, broadcast over the policy tokens
-    expected = [t.score - t.metrics["baseline_score"] for t in trainer.last_trajectories]
+    expected = [t.score - t.metrics["baseline_score"] for t in result.trajectories]
     assert metrics["advantages/max"] == pytest.approx(max(expected), abs=1e-5)
     assert metrics["advantages/min"] == pytest.approx(min(expected), abs=1e-5)
 
@@ -246,9 +250,9 @@ def test_kl_in_the_reward_reaches_score_based_estimators(
             algorithm={"name": "rloo", "kl": {"coef": coef, "placement": "reward", "estimator": "k1"}},
             trainer={"steps": 2, "tasks_per_step": 2, "micro_batch_size": 8, "lr": 1e-2},
         )
-        trainer = _trainer(config, registry)
-        trainer.update_on(fixed_trajectories(trainer.tokenizer))  # moves the policy away from the reference
-        results[coef] = trainer.update_on(fixed_trajectories(trainer.tokenizer))
+        session = _session(config, registry)
+        update(session, fixed_trajectories(session.tokenizer))  # moves the policy away from the reference
+        results[coef] = update(session, fixed_trajectories(session.tokenizer))
     assert results[0.0]["advantages/max"] != pytest.approx(results[5.0]["advantages/max"], abs=1e-4)
 
 
@@ -259,12 +263,12 @@ def test_lora_trains_only_the_adapters(registry: Any, model_dir: Path, tmp_path:
         model={"path": str(model_dir), "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
         trainer={"steps": 2, "tasks_per_step": 2, "micro_batch_size": 8, "lr": 1e-2},
     )
-    trainer = _trainer(config, registry)
-    before = {n: p.detach().clone() for n, p in trainer.unwrapped.named_parameters()}
-    trainer.update_on(fixed_trajectories(trainer.tokenizer))
-    changed = {n for n, p in trainer.unwrapped.named_parameters() if not torch.equal(p, before[n])}
+    session = _session(config, registry)
+    before = {n: p.detach().clone() for n, p in session.unwrapped.named_parameters()}
+    update(session, fixed_trajectories(session.tokenizer))
+    changed = {n for n, p in session.unwrapped.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
-    metrics = trainer.train_step()  # rollouts run through the adapted model too
+    metrics = train_step(session).metrics  # rollouts run through the adapted model too
     assert metrics["response/length_mean"] > 0
 
 
@@ -284,13 +288,13 @@ def test_skipping_idle_rows_gives_the_same_update(registry: Any, model_dir: Path
                 "skip_idle_rows": skip,
             },
         )
-        trainer = _trainer(config, registry)
-        trajectories = fixed_trajectories(trainer.tokenizer)
+        session = _session(config, registry)
+        trajectories = fixed_trajectories(session.tokenizer)
         for t in trajectories[:4]:  # first group: equal scores, so zero advantages under grpo
             t.rewards = [r.model_copy(update={"value": 1.0}) for r in t.rewards if r.kind == "outcome"]
-        metrics = trainer.update_on(trajectories)
+        metrics = update(session, trajectories)
         grads[skip] = torch.cat(
-            [p.grad.flatten() for p in trainer.unwrapped.parameters() if p.grad is not None]
+            [p.grad.flatten() for p in session.unwrapped.parameters() if p.grad is not None]
         )
         assert metrics.get("batch/idle_rows_skipped", 0.0) == (4.0 if skip else 0.0)
     assert torch.allclose(grads[True], grads[False], atol=1e-7, rtol=1e-5)

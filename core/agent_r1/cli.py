@@ -3,11 +3,16 @@
 Built-in commands import their heavy dependencies (torch, transformers) only when they run, and
 ``agent-r1 --help`` never loads plugins: plugin commands (``register_commands``) are looked up only
 when the command line names a subcommand that is not built in.
+
+Errors: a failure the user can fix (an :class:`~agent_r1.errors.AgentR1Error`) prints
+``error: <message>`` and exits 2; anything else is a bug and prints ``error: internal error:
+<type>: <message>`` and exits 1. Neither prints a traceback unless ``AGENT_R1_DEBUG=1`` is set.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -112,13 +117,83 @@ app.add_typer(models_app, name="models")
 OverridesArg = typer.Argument(None, help="dotlist overrides such as algorithm.name=rloo rollout.max_turns=4")
 
 
-def _fail(exc: BaseException) -> NoReturn:
-    """Print ``error: <message>`` to stderr and exit with status 2."""
+DEBUG_ENV = "AGENT_R1_DEBUG"
+"""Set it to 1 to see the traceback of an error."""
+
+
+def _debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _print_error(text: str) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    """Print ``error: <message>`` to stderr (the traceback first under ``AGENT_R1_DEBUG=1``) and
+    exit with status 2."""
+    if _debug():
+        import traceback
+
+        traceback.print_exception(exc)
+    from agent_r1.errors import RunInterrupted
+
+    if isinstance(exc, RunInterrupted):  # not an error: say what happened and how to go on
+        print(str(exc), file=sys.stderr, flush=True)
+        raise typer.Exit(exc.exit_code)
+    _print_error(str(exc))
     raise typer.Exit(2)
+
+
+def _internal_error(exc: BaseException) -> int:
+    """Report an exception agent-r1 did not expect (a bug, or a library failing in a new way):
+    one line plus how to see the traceback; returns the exit status 1."""
+    import traceback
+
+    if _debug():
+        traceback.print_exception(exc)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    _print_error(f"internal error: {type(exc).__name__}: {first}")
+    if not _debug():
+        print(f"set {DEBUG_ENV}=1 for the traceback", file=sys.stderr)
+    return 1
+
+
+def _version_callback(value: bool) -> None:
+    if not value:
+        return
+    import importlib.metadata
+    import platform
+
+    import agent_r1
+
+    def version(distribution: str) -> str:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    typer.echo(
+        f"agent-r1 {agent_r1.__version__} (torch {version('torch')}, transformers {version('transformers')}, "
+        f"python {platform.python_version()})"
+    )
+    raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="print the versions of agent-r1, torch and transformers",
+        is_eager=True,
+        callback=_version_callback,
+    ),
+) -> None:
+    """End-to-end reinforcement learning for LLM agents that act over many turns with tools."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,8 +275,16 @@ def config_show(
     config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
     overrides: list[str] = OverridesArg,
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of YAML"),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="also run the preflight checks (warnings and failures to stderr)"
+    ),
 ) -> None:
-    """Print the resolved, validated run config with every component's defaults filled in."""
+    """Print the resolved, validated run config with every component's defaults filled in.
+
+    Then the preflight checks run (as `agent-r1 check` does, without converting a bundled model):
+    their warnings and failures go to stderr, and the exit status is 2 when a check failed (the
+    config is printed in full either way). --no-check skips them.
+    """
     import yaml
 
     from agent_r1.config import resolved_dict
@@ -215,6 +298,52 @@ def config_show(
         typer.echo(json.dumps(data, indent=2))
     else:
         typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+    if not check:
+        return
+    from agent_r1.engine.preflight import preflight
+
+    report = preflight(config, components, prepare_models=False)
+    for item in report.warnings:
+        typer.echo(f"warning: {item.name}: {item.message}", err=True)
+    for item in report.failures:
+        _print_error(f"{item.name}: {item.message}")
+    if report.failures:
+        typer.echo(
+            f"{len(report.failures)} preflight check(s) failed; `agent-r1 check` shows them all", err=True
+        )
+        raise typer.Exit(2)
+
+
+@app.command()
+def check(
+    config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
+    overrides: list[str] = OverridesArg,
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Check a run config before training: model, data, context, output directory, prompts.
+
+    The preflight checks: model files, tokenizer, LoRA targets, context length, dataset, trackers,
+    output directory and free space, prompt lengths. Exit status 2 when a check fails.
+    """
+    from agent_r1.engine.preflight import preflight
+
+    try:
+        config, components = _load_checked(config_path, overrides)
+    except AgentR1Error as exc:
+        _fail(exc)
+    report = preflight(config, components)
+    if as_json:
+        typer.echo(json.dumps(report.as_dicts(), indent=2))
+    else:
+        from rich.console import Console
+
+        Console(soft_wrap=False).print(report.table())
+        summary = (
+            f"{len(report.failures)} failed, {len(report.warnings)} warning(s), {len(report.checks)} checks"
+        )
+        typer.echo(summary)
+    if report.failures:
+        raise typer.Exit(2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,8 +374,14 @@ def models_prepare(name: str = typer.Argument("smollm2-135m-instruct")) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# train / demo / rollout / eval
+# train / demo / rollout / eval / export
 # --------------------------------------------------------------------------------------------
+
+AllowConfigChange = typer.Option(
+    False,
+    "--allow-config-change",
+    help="with --resume: continue even though the config differs from the run's (the change is recorded)",
+)
 
 
 @app.command()
@@ -254,12 +389,13 @@ def train(
     config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
     overrides: list[str] = OverridesArg,
     resume: bool = typer.Option(False, "--resume", help="continue from the last good checkpoint"),
+    allow_config_change: bool = AllowConfigChange,
 ) -> None:
     """Train a policy as the run config says."""
     from agent_r1.engine.runner import train as run_train
 
     try:
-        run_train(config_path, overrides or [], resume=resume)
+        run_train(config_path, overrides or [], resume=resume, allow_config_change=allow_config_change)
     except AgentR1Error as exc:
         _fail(exc)
 
@@ -268,12 +404,13 @@ def train(
 def demo(
     overrides: list[str] = OverridesArg,
     resume: bool = typer.Option(False, "--resume", help="continue from the last good checkpoint"),
+    allow_config_change: bool = AllowConfigChange,
 ) -> None:
     """The main job: train SmolLM2-135M-Instruct with GRPO to use a calculator tool."""
     from agent_r1.engine.runner import train as run_train
 
     try:
-        run_train("demo", overrides or [], resume=resume)
+        run_train("demo", overrides or [], resume=resume, allow_config_change=allow_config_change)
     except AgentR1Error as exc:
         _fail(exc)
 
@@ -314,6 +451,39 @@ def evaluate(
 
 
 @app.command()
+def export(
+    source: Path = typer.Argument(
+        ..., help="run directory (its newest good checkpoint) or checkpoint directory"
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="directory to write the Hugging Face model into (new or empty)"
+    ),
+    merge_lora: bool = typer.Option(False, "--merge-lora", help="LoRA runs: write a merged plain model"),
+) -> None:
+    """Export a run's checkpoint as a Hugging Face model directory.
+
+    Config, safetensors weights, tokenizer, chat template and generation config, loadable by
+    transformers and vLLM as they are. LoRA runs export the adapter (peft format), or with
+    --merge-lora a merged model.
+    """
+    from agent_r1.engine.export import EXPORT_RECORD, export_checkpoint
+
+    try:
+        path = export_checkpoint(source, out, merge_lora=merge_lora)
+    except AgentR1Error as exc:
+        _fail(exc)
+    record = json.loads((path / EXPORT_RECORD).read_text(encoding="utf-8"))
+    typer.echo(f"exported {record.get('checkpoint')} (step {record.get('step')}) to {path}")
+    if record.get("kind") == "lora-adapter":
+        typer.echo(
+            "a LoRA adapter: load it with PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("
+            f"BASE), '{path}'), BASE being {record.get('base_model')}; --merge-lora writes a plain model"
+        )
+    else:
+        typer.echo(f"load it with AutoModelForCausalLM.from_pretrained('{path}'), or use model.path={path}")
+
+
+@app.command()
 def view(
     path: Path = typer.Argument(..., help="trajectories JSONL"),
     limit: int = typer.Option(3, help="show at most this many trajectories"),
@@ -325,7 +495,13 @@ def view(
     from agent_r1.engine.viewer import show_trajectories
 
     if not path.is_file():
-        _fail(FileNotFoundError(f"{path} does not exist or is not a file"))
+        what = "is a directory" if path.is_dir() else "does not exist"
+        _fail(
+            AgentR1Error(
+                f"{path} {what}; `agent-r1 view` takes a trajectories JSONL file such as "
+                "<run>/samples.jsonl or <run>/eval_after.jsonl"
+            )
+        )
     decoder = None
     if tokenizer is not None:
         from transformers import AutoTokenizer
@@ -368,8 +544,20 @@ def new_plugin(
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Console entry point."""
-    return app(args=argv if argv is not None else sys.argv[1:], prog_name="agent-r1")
+    """Console entry point: runs the command line; an error agent-r1 raises on purpose exits 2
+    with ``error: ...``, any other exception exits 1 with a one-line ``error: internal error``
+    (the traceback only under ``AGENT_R1_DEBUG=1``)."""
+    try:
+        return app(args=argv if argv is not None else sys.argv[1:], prog_name="agent-r1")
+    except AgentR1Error as exc:  # raised outside a command's own handler (a plugin command...)
+        if _debug():
+            import traceback
+
+            traceback.print_exception(exc)
+        _print_error(str(exc))
+        sys.exit(2)
+    except Exception as exc:  # anything else is a bug: one line, exit 1 (KeyboardInterrupt passes)
+        sys.exit(_internal_error(exc))
 
 
 if __name__ == "__main__":  # pragma: no cover

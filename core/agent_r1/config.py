@@ -9,6 +9,7 @@ Errors name the config path, the bad value and, for misspelt keys or names, the 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -58,6 +59,15 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="trade compute for activation memory")
     lora: LoraConfig | None = Field(None, description="null trains every weight")
     attn_implementation: str | None = Field(None, description="e.g. 'sdpa', 'flash_attention_2'")
+    chat_template: str | None = Field(
+        None,
+        description="Jinja chat template replacing the tokenizer's: the template itself (text with "
+        "{{ or {%), or the path of a .jinja file; null keeps the tokenizer's",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra variables for every apply_chat_template call, e.g. {enable_thinking: false}",
+    )
 
 
 class RolloutConfig(_Section):
@@ -99,12 +109,34 @@ class CriticConfig(_Section):
     coef: float = Field(0.5, ge=0, description="weight of the value loss in the total loss")
 
 
+class RolloutCorrectionConfig(_Section):
+    """Importance sampling against the rollout/trainer mismatch: the rollout backend (vLLM: other
+    kernels, other precision) samples from a slightly different policy than the trainer's π_old.
+    The ratio ``π_old / π_rollout`` is taken per token or per sequence (the product over its policy
+    tokens); ``truncate`` multiplies the loss by ``min(ratio, cap)``, ``mask`` drops the tokens (or
+    sequences) whose ratio lies outside ``[1/cap, cap]``. The mismatch metrics are logged either way."""
+
+    mode: Literal["off", "truncate", "mask"] = Field(
+        "off", description="'off' (log the mismatch only), 'truncate' (TIS) or 'mask' (MIS)"
+    )
+    level: Literal["token", "sequence"] = Field("token", description="ratio per token or per sequence")
+    cap: float = Field(2.0, gt=1.0, description="C: truncate at C, or keep ratios in [1/C, C]")
+
+
 class AlgorithmConfig(_Section):
     """The RL algorithm: a named bundle of estimator, loss and aggregation, with overrides."""
 
     name: str = Field("grpo", description="algorithm component (`agent-r1 plugins list`)")
-    estimator: ComponentSpec | None = Field(None, description="override the algorithm's estimator")
-    loss: ComponentSpec | None = Field(None, description="override the algorithm's policy loss")
+    estimator: ComponentSpec | None = Field(
+        None,
+        description="override the algorithm's estimator (options merge over the preset's when the name "
+        "is the preset's); validation fills in the effective one",
+    )
+    loss: ComponentSpec | None = Field(
+        None,
+        description="override the algorithm's policy loss (options merge over the preset's when the "
+        "name is the preset's); validation fills in the effective one",
+    )
     aggregation: (
         Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
     ) = Field(None, description="how token losses are averaged; null: the algorithm's choice")
@@ -114,11 +146,42 @@ class AlgorithmConfig(_Section):
     dynamic_sampling: bool = Field(False, description="DAPO: drop zero-variance groups and refill")
     max_refill_rounds: int = Field(2, ge=0, description="dynamic sampling: extra rollout rounds at most")
     mask_truncated: bool = Field(False, description="DAPO: truncated trajectories carry no loss")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="importance sampling against the rollout/trainer log-probability mismatch",
+    )
     tis_cap: float | None = Field(
         None,
-        description="truncated importance sampling cap C (for backends whose log-probabilities "
-        "differ from the trainer's)",
+        description="deprecated alias: tis_cap: C is rollout_correction {mode: truncate, level: token, "
+        "cap: C}; validation moves it there",
     )
+
+    @model_validator(mode="after")
+    def _migrate_tis_cap(self) -> AlgorithmConfig:
+        if self.tis_cap is None:
+            return self
+        correction = self.rollout_correction
+        if correction.mode != "off" and (correction.mode, correction.level, correction.cap) != (
+            "truncate",
+            "token",
+            self.tis_cap,
+        ):
+            raise ValueError(
+                f"algorithm.tis_cap={self.tis_cap} conflicts with algorithm.rollout_correction "
+                f"({correction.mode}, {correction.level}, cap {correction.cap}); tis_cap is a deprecated "
+                "alias: remove it and keep rollout_correction"
+            )
+        if self.tis_cap <= 1.0:
+            raise ValueError(f"algorithm.tis_cap must exceed 1, got {self.tis_cap}")
+        warnings.warn(
+            "algorithm.tis_cap is deprecated: write algorithm.rollout_correction: "
+            f"{{mode: truncate, level: token, cap: {self.tis_cap}}}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        self.rollout_correction = RolloutCorrectionConfig(mode="truncate", level="token", cap=self.tis_cap)
+        self.tis_cap = None
+        return self
 
 
 class TrainerConfig(_Section):
@@ -144,7 +207,19 @@ class TrainerConfig(_Section):
         description="skip the forward/backward of trajectories whose advantages are all zero when "
         "nothing else needs them (same update, less compute)",
     )
-    max_bad_steps: int = Field(3, ge=1, description="abort after this many non-finite losses in a row")
+    max_bad_steps: int = Field(
+        3,
+        ge=1,
+        description="abort after this many non-finite losses or gradients in a row (updates without "
+        "a gradient do not break the row)",
+    )
+    max_error_rate: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="stop when a larger share of a step's episodes fail outside the agent's control "
+        "(an environment step or a reward shaper raised); such episodes are never trained on",
+    )
     eval_every: int = Field(0, ge=0, description="0 evaluates only before and after training")
 
 
@@ -349,6 +424,7 @@ def validate_components(config: RunConfig, registry: Any = None) -> list[Resolve
     from agent_r1.registry import KIND_LABELS, get_registry
 
     registry = registry or get_registry()
+    _apply_algorithm_preset(config, registry)
     resolved: list[ResolvedComponent] = []
     pending: list[tuple[str, str, str, Mapping[str, Any], bool]] = [
         (path, kind, spec.name, _options(spec), False) for path, kind, spec in component_sections(config)
@@ -373,6 +449,33 @@ def validate_components(config: RunConfig, registry: Any = None) -> list[Resolve
             sub_path = f"{path}.{requirement[3]}" if len(requirement) > 3 else f"{path}<requires {i}>"
             pending.append((sub_path, sub_kind, sub_name, sub_options, True))
     return resolved
+
+
+def _apply_algorithm_preset(config: RunConfig, registry: Any) -> None:
+    """Write the algorithm preset's estimator, loss and aggregation into ``config.algorithm``, under
+    the user's overrides, so that the config holds the values the run will use.
+
+    An override that names the preset's own estimator (or loss) is merged over the preset's options
+    (``algorithm: {name: dapo, loss: {name: ppo_clip, clip_high: 0.3}}`` keeps DAPO's ``clip_low``);
+    one that names another component replaces the preset's choice, options and all.
+    """
+    try:
+        preset = registry.get("algorithms", config.algorithm.name)
+    except (ComponentNotFound, ComponentConflict) as exc:
+        raise ConfigError(f"algorithm.name: {exc}", path="algorithm.name") from None
+    algo = config.algorithm
+    algo.estimator = _merged(algo.estimator, preset.estimator, preset.estimator_config)
+    algo.loss = _merged(algo.loss, preset.loss, preset.loss_config)
+    if algo.aggregation is None:
+        algo.aggregation = preset.aggregation
+
+
+def _merged(user: ComponentSpec | None, name: str, options: Mapping[str, Any]) -> ComponentSpec:
+    if user is None:
+        return ComponentSpec(name=name, **dict(options))
+    if user.name.rsplit(":", 1)[-1] != name:
+        return user
+    return ComponentSpec(name=user.name, **{**dict(options), **user.options})
 
 
 def resolved_dict(config: RunConfig, components: Sequence[ResolvedComponent] = ()) -> dict[str, Any]:

@@ -52,7 +52,10 @@ class ComponentSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(description="registered component name, or 'plugin:name' to pick a provider")
+    name: str = Field(
+        description="registered component name, 'plugin:name' to pick a provider, or a Python path "
+        "'module:attribute' (a class or function; see docs/configuration.md)"
+    )
 
     @property
     def options(self) -> dict[str, Any]:
@@ -114,13 +117,40 @@ class Tool(Component):
 
     Subclasses set ``name``, ``description`` and an ``Arguments`` model; its JSON schema is what the
     chat template shows the model. ``run`` may be a plain or an ``async`` method and returns the
-    text observation (or a full :class:`~agent_r1.mdp.ToolResult`). Raising is fine: the environment
-    turns exceptions into error results the agent can read.
+    text observation (or a full :class:`~agent_r1.mdp.ToolResult`).
+
+    What raising does (in ``tool_env`` and the environments built on it):
+
+    * :class:`~agent_r1.ToolError` or any ordinary exception: the agent reads it as an error
+      result (``Error: <message>``; other exceptions with their type name). For the agent's own
+      mistakes (bad input, nothing found).
+    * :class:`~agent_r1.errors.ToolInfrastructureError`: not the agent's doing (a missing corpus,
+      a failing backend). The environment step raises instead, so the engine counts an environment
+      error (or aborts, under its error policy) and the policy never trains on it; unless the
+      class sets ``infrastructure_errors_visible``, which shows it to the agent (error kind
+      ``infrastructure``).
+    * :class:`~agent_r1.errors.EnvironmentFatalError`: the step raises and the run stops.
+
+    One instance serves every episode of a run (``tool_env`` builds its tools once per config), so
+    a tool must keep no per-episode state, or set ``per_episode``.
     """
 
     kind = "tools"
     label = "tool"
     description: ClassVar[str] = ""
+    isolation: ClassVar[Literal["thread", "process"]] = "thread"
+    """How a synchronous ``run`` is executed under the call timeout. ``"thread"``: in a daemon
+    worker thread; at the timeout the call is abandoned (the episode goes on at once, the thread
+    finishes in the background). ``"process"``: each call in a fresh child process (its own process
+    group, killed at the timeout or on Ctrl-C); the instance and the arguments must pickle, the
+    class must be importable, and each call pays for starting Python. An ``async`` ``run`` with
+    ``"thread"`` runs on the event loop and is cancelled at the timeout. Since: 0.2.0"""
+    infrastructure_errors_visible: ClassVar[bool] = False
+    """Show :class:`~agent_r1.errors.ToolInfrastructureError` to the agent as an error result
+    instead of failing the environment step. Since: 0.2.0"""
+    per_episode: ClassVar[bool] = False
+    """Build a fresh instance for each episode (a tool that keeps per-episode state); by default
+    one instance is shared by every episode with the same environment config. Since: 0.2.0"""
 
     class Arguments(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -177,7 +207,14 @@ class Environment(Component):
 
     async def step(self, action: Action, turn: int) -> Observation:  # pragma: no cover - abstract
         """Answer the action of turn ``turn`` (0-based): messages to append, process rewards,
-        and whether the episode ended (then ``termination`` says why)."""
+        and whether the episode ended (then ``termination`` says why).
+
+        ``action`` belongs to the engine: read it, do not modify it. What the environment parsed
+        out of it goes into the observation's ``tool_calls``, ``answer`` and ``parse_errors``, and
+        the engine records them on the step's action (since 0.2.0; writing into the action still
+        works but is deprecated). Raising ends the episode as an environment error (counted; the
+        episode is not trained on); raise :class:`~agent_r1.errors.EnvironmentFatalError` to stop
+        the run instead."""
         raise NotImplementedError
 
 
@@ -357,9 +394,19 @@ class RolloutBackend(Component):
     policy_version: int = 0
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        *,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> list[Generation]:  # pragma: no cover - abstract
-        """One continuation per prompt (token ids in, token ids and log-probabilities out)."""
+        """One continuation per prompt (token ids in, token ids and log-probabilities out).
+
+        ``max_new_tokens`` gives each prompt its own token budget (the room its trajectory has
+        left); ``None`` means ``sampling.max_new_tokens`` for every prompt. The engine always passes
+        it. Since: 0.2.0 (a backend whose ``generate`` lacks it still works, with a deprecation
+        warning, and is cut to each budget by the engine).
+        """
         raise NotImplementedError
 
     def sync_weights(self, model: Any, version: int) -> None:

@@ -65,6 +65,15 @@ class ToolInfrastructureError(AgentR1Error):
     engine counts it as an environment error (or aborts, when the tool says it is fatal)."""
 
 
+class RunInterrupted(AgentR1Error):
+    """SIGINT or SIGTERM stopped a run. The command line prints the message as it is (it is not an
+    error of the user's) and exits with ``exit_code`` (128 + the signal number)."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)
+
+
 class TrainingAborted(AgentR1Error):
     """Training stopped on purpose (non-finite losses that recur, too many environment errors)."""
 

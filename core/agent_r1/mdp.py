@@ -96,7 +96,8 @@ class ToolResult(_Model):
     content: str
     ok: bool = True
     error: str | None = None
-    """Error kind when ``ok`` is false: ``exception``, ``timeout``, ``unknown_tool``, ``bad_arguments``..."""
+    """Error kind when ``ok`` is false: ``exception``, ``timeout``, ``unknown_tool``, ``bad_arguments``,
+    ``infrastructure`` (a tool that shows its infrastructure errors to the agent)..."""
     truncated: bool = False
     started_at: float | None = None
     """Monotonic clock time (``time.monotonic()``) when the call started."""
@@ -224,6 +225,9 @@ class Trajectory(_Model):
     truncated: bool = False
     """True when a budget (tokens per turn or total context) cut the episode short."""
     metrics: dict[str, float] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+    """Failures that were not the agent's doing (an environment step or a reward shaper raised),
+    one line each. Training leaves such trajectories out of the update and counts them."""
 
     @field_validator("schema_version")
     @classmethod

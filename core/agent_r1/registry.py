@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from agent_r1 import hookspecs
 from agent_r1.contracts import CONTRACTS, KIND_LABELS, KINDS, Component, Provenance
-from agent_r1.errors import ComponentConflict, ComponentNotFound, PluginError
+from agent_r1.errors import ComponentConflict, ComponentNotFound, PluginError, did_you_mean
 
 ENTRY_POINT_GROUP = "agent_r1"
 BUILTIN_PLUGIN = "builtins"
@@ -120,6 +120,7 @@ class Registry:
         self._lock = threading.RLock()
         self._warned: set[str] = set()
         self._lenient = False  # set while `doctor` runs: report everything, raise nothing
+        self._python_paths: dict[tuple[str, str], type[Component]] = {}
 
     # -- loading ---------------------------------------------------------------------------
     def register_plugin(
@@ -131,6 +132,7 @@ class Registry:
             info = PluginInfo(name, distribution, version, module)
             self._add(info, plugin)
             self._tables.clear()
+            self._python_paths.clear()  # a new plugin name may now claim a 'name:...' prefix
             self._commands = None
             if info.status == "broken":
                 if self._is_strict():
@@ -157,8 +159,6 @@ class Registry:
             info.status = "loaded"
             for caller in self.pm.get_hookcallers(plugin) or []:
                 if caller.spec is None:  # pluggy accepts unknown hooks silently; a typo is a bug
-                    from agent_r1.errors import did_you_mean
-
                     known = [n for n in dir(hookspecs) if n.startswith(("register_", "on_"))]
                     info.status = "broken"
                     info.errors.append(
@@ -323,10 +323,19 @@ class Registry:
         return list(self._table(kind).get(name, []))
 
     def get(self, kind: str, name: str) -> type[Component]:
-        """The class registered under ``name`` (or ``plugin:name`` to pick one provider)."""
+        """The class registered under ``name`` (or ``plugin:name`` to pick one provider), or the
+        object that the Python path ``module:attribute`` names.
+
+        The rule for a name with a ``:``: when the part before it is the name or distribution of a
+        plugin this registry knows (loaded, broken or disabled), the name picks that plugin's
+        component; otherwise it is a Python path, imported by :mod:`agent_r1.python_paths` (a
+        component class, or a function for reward shapers and datasets).
+        """
         table = self._table(kind)
         label = KIND_LABELS[kind]
         plugin_name, _, short = name.rpartition(":")
+        if plugin_name and not self._is_plugin(plugin_name):
+            return self._python_path(kind, name)
         candidates = table.get(short, [])
         if plugin_name:
             candidates = [c for c in candidates if plugin_name in (c.plugin.name, c.plugin.distribution)]
@@ -344,6 +353,32 @@ class Registry:
             )
         raise ComponentNotFound(self._not_found_message(kind, name))
 
+    def _is_plugin(self, name: str) -> bool:
+        return any(name in (info.name, info.distribution) for info in self._plugins.values())
+
+    def _python_path(self, kind: str, name: str) -> type[Component]:
+        from agent_r1.python_paths import PythonModuleNotFound, load_python_path
+
+        with self._lock:
+            key = (kind, name)
+            if key not in self._python_paths:
+                plugins = {info.name for info in self._plugins.values()}
+                try:
+                    self._python_paths[key] = load_python_path(kind, name, plugins=plugins)
+                except PythonModuleNotFound as exc:
+                    plugin_name, _, short = name.rpartition(":")
+                    providers = self._table(kind).get(short)
+                    if not providers:
+                        raise
+                    label = KIND_LABELS[kind]
+                    who = ", ".join(repr(r.plugin.name) for r in providers)
+                    raise ComponentNotFound(
+                        f"no plugin named {plugin_name!r} provides {label} {short!r}; it is provided by "
+                        f"{who}. Write '<plugin>:{short}' with one of those, or just {short!r}. (Read "
+                        f"as a Python path, {name!r} fails too: {exc})"
+                    ) from None
+            return self._python_paths[key]
+
     def _not_found_message(self, kind: str, name: str) -> str:
         label = KIND_LABELS[kind]
         table = self._table(kind)
@@ -354,6 +389,15 @@ class Registry:
             return (
                 f"no plugin named {plugin_name!r} provides {label} {short!r}; it is provided by "
                 f"{providers}. Write '<plugin>:{short}' with one of those, or just {short!r}."
+                + _shadowed_module_note(plugin_name, name)
+            )
+        owner = next((i for i in self._plugins.values() if plugin_name in (i.name, i.distribution)), None)
+        if plugin_name and owner is not None and owner.status == "loaded":
+            offered = sorted(owner.components.get(kind, []))
+            return (
+                f"{owner.describe()} provides no {label} {short!r} (its {label}s: "
+                f"{', '.join(offered) if offered else 'none'})."
+                f"{did_you_mean(short, offered)}" + _shadowed_module_note(plugin_name, name)
             )
         message = f"unknown {label} {name!r}."
         for info in self._plugins.values():
@@ -363,8 +407,6 @@ class Registry:
                     f"{label} {short!r} is provided by {info.describe()}, but the plugin is broken: "
                     f"{problem}. Fix or upgrade the plugin, or choose another {label}."
                 )
-        from agent_r1.errors import did_you_mean
-
         message += did_you_mean(short, known)
         message += f" Known {label}s: {', '.join(known) if known else '(none)'}."
         broken = [p for p in self._plugins.values() if p.status == "broken"]
@@ -487,6 +529,23 @@ class Registry:
                         others = [i.name for _, i in command_providers if i is not owner]
                         _add_error(owner, f"command {command!r} is also provided by {', '.join(others)}")
         return infos
+
+
+def _shadowed_module_note(plugin_name: str, name: str) -> str:
+    """Say so when a Python module has the same name as the plugin that ``name`` selected."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(plugin_name) is not None
+    except (ImportError, ValueError):  # not a valid module name: nothing is shadowed
+        found = False
+    if not found:
+        return ""
+    return (
+        f" ({name!r} selects plugin {plugin_name!r}: a plugin name before ':' takes precedence over "
+        f"the Python module {plugin_name!r}; to use an object of that module, import it through a "
+        "module with another name.)"
+    )
 
 
 def _add_error(info: PluginInfo, message: str) -> None:

@@ -5,20 +5,36 @@ in every reward and every report::
 
     from agent_r1.rewards import exact_match, f1_score, final_answer
 
-Normalisation follows the SQuAD v1.1 evaluation script (Rajpurkar et al. 2016, ``normalize_answer``:
-lowercase, drop punctuation, drop the articles *a*, *an*, *the*, collapse whitespace), with Unicode
-handling added in front and behind:
+Two normalisations, chosen with ``normalization=`` on every metric (and as the ``normalization``
+option of the ``answer_match`` shaper and the search plugin's ``qa_*`` shapers):
+
+``"official"`` (the default): exactly the official HotpotQA / SQuAD v1.1 evaluation scripts
+(``normalize_answer`` in ``hotpot_evaluate_v1.py`` and SQuAD v1.1's ``evaluate-v1.1.py``): lower-case
+(``str.lower``), drop the ASCII punctuation of ``string.punctuation``, replace the articles *a*, *an*,
+*the* (whole words) with spaces, collapse whitespace. Nothing else: accents, curly quotes, dashes and
+full-width characters are kept as they are, and an answer made only of articles or punctuation
+normalises to ``""`` and so equals an empty prediction. Scores computed this way are comparable with
+published numbers (Search-R1, HotpotQA leaderboards).
+
+``"robust"``: the same steps with Unicode care, for training rewards on multilingual Wikipedia
+answers:
 
 * the text is first normalised with NFKC, so full-width digits, ligatures and non-breaking spaces
   compare equal to their plain forms (``"１２"`` == ``"12"``);
-* punctuation is every ASCII punctuation character (as in SQuAD) plus every Unicode punctuation
-  character (category ``P*``), so typographic quotes and dashes are dropped too;
+* accents are folded (canonical decomposition, combining marks dropped: ``"René"`` == ``"Rene"``;
+  letters that do not decompose, such as ``ł``, are kept), unless ``keep_accents=True``;
+* punctuation is every ASCII punctuation character plus every Unicode punctuation character
+  (category ``P*``), so typographic quotes and dashes are dropped too;
 * after punctuation is removed the text is NFKC-normalised again, so that a letter and a combining
-  mark that punctuation used to separate compose (this keeps :func:`normalize_answer` idempotent).
+  mark that punctuation used to separate compose (this keeps :func:`normalize_answer` idempotent);
+* an answer made only of articles (the band *The The*) keeps its articles, and an empty normalised
+  prediction never matches, so an empty answer never earns a reward.
 
 Every metric takes one prediction and a gold answer that is a value or a list of aliases and returns
-the best score over the aliases. A gold answer that normalises to nothing (``"."``) matches nothing,
-so an empty prediction never earns a reward.
+the best score over the aliases (``metric_max_over_ground_truths`` in the official scripts). F1
+follows HotpotQA's script in both modes: when either side normalises to ``yes``, ``no`` or
+``noanswer``, only an exact match scores, and two answers with no token in common (two empty ones
+included) score 0.
 
 This module imports neither torch nor anything heavy.
 """
@@ -31,12 +47,23 @@ import string
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, get_args
 
 from agent_r1.mdp import Trajectory
 
+Normalization = Literal["official", "robust"]
+"""How answers are normalised before they are compared (see the module docstring)."""
+
+NORMALIZATIONS: tuple[str, ...] = get_args(Normalization)
+
+DEFAULT_NORMALIZATION: Normalization = "official"
+
 _ASCII_PUNCTUATION = frozenset(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b", flags=re.UNICODE)
+# Python 3 str patterns are Unicode-aware: \b is a word boundary for every script, as in the
+# official scripts run under Python 3.
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+# HotpotQA's F1: a yes/no (or "noanswer") answer scores only when it is exactly right.
+_SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 
 # A number: optional sign, digits with an optional fraction (or a bare fraction ".5"), an optional
 # exponent; or a simple ratio "3/4". Thousands separators are removed before matching.
@@ -52,17 +79,41 @@ def _is_punctuation(char: str) -> bool:
     return char in _ASCII_PUNCTUATION or unicodedata.category(char).startswith("P")
 
 
-def normalize_answer(text: Any) -> str:
-    """SQuAD-style normalisation with Unicode handling (see the module docstring).
+def fold_accents(text: str) -> str:
+    """Drop combining marks after canonical decomposition (``"Galați"`` → ``"Galati"``).
 
-    ``None`` normalises to ``""``; other non-strings are converted with ``str`` first. An answer made
-    only of articles (the band *The The*) would normalise to nothing; such an answer keeps its
-    articles instead, so it can still be matched.
+    Letters that do not decompose (``ł``, ``ø``) are kept as they are.
     """
+    decomposed = unicodedata.normalize("NFD", text)
+    return unicodedata.normalize("NFC", "".join(c for c in decomposed if not unicodedata.combining(c)))
+
+
+def _check_normalization(normalization: str) -> None:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"unknown answer normalization {normalization!r}; use one of {', '.join(NORMALIZATIONS)}"
+        )
+
+
+def normalize_answer(
+    text: Any, normalization: Normalization = DEFAULT_NORMALIZATION, *, keep_accents: bool = False
+) -> str:
+    """An answer as the metrics compare it, under ``normalization`` (see the module docstring).
+
+    ``None`` normalises to ``""``; other non-strings are converted with ``str`` first.
+    ``keep_accents`` applies to ``robust`` only (``official`` never folds accents).
+    """
+    _check_normalization(normalization)
     if text is None:
         return ""
-    text = unicodedata.normalize("NFKC", str(text)).lower()
-    text = "".join(c for c in text if not _is_punctuation(c))
+    text = str(text)
+    if normalization == "official":
+        text = "".join(c for c in text.lower() if c not in _ASCII_PUNCTUATION)
+        return " ".join(_ARTICLES.sub(" ", text).split())
+    text = unicodedata.normalize("NFKC", text)
+    if not keep_accents:
+        text = fold_accents(text)
+    text = "".join(c for c in text.lower() if not _is_punctuation(c))
     text = unicodedata.normalize("NFKC", text)
     without_articles = " ".join(_ARTICLES.sub(" ", text).split())
     return without_articles or " ".join(text.split())
@@ -90,52 +141,87 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def exact_match(prediction: str | None, gold: Any) -> float:
-    """1.0 when the normalised prediction equals a normalised alias of ``gold``, else 0.0."""
-    if prediction is None:
-        return 0.0
-    predicted = normalize_answer(prediction)
-    if not predicted:
-        return 0.0
-    return float(any(predicted == normalize_answer(alias) for alias in as_aliases(gold)))
+def exact_match(
+    prediction: str | None,
+    gold: Any,
+    *,
+    normalization: Normalization = DEFAULT_NORMALIZATION,
+    keep_accents: bool = False,
+) -> float:
+    """1.0 when the normalised prediction equals a normalised alias of ``gold``, else 0.0.
 
-
-def _f1_tokens(predicted: list[str], expected: list[str]) -> float:
-    if not predicted or not expected:
-        return 0.0
-    overlap = sum((Counter(predicted) & Counter(expected)).values())
-    if overlap == 0:
-        return 0.0
-    precision = overlap / len(predicted)
-    recall = overlap / len(expected)
-    return 2 * precision * recall / (precision + recall)
-
-
-def f1_score(prediction: str | None, gold: Any) -> float:
-    """Token-level F1 between the normalised prediction and the best alias (SQuAD's ``f1_score``).
-
-    Tokens are the whitespace-separated words of the normalised strings, counted as multisets. Unlike
-    the SQuAD script, two empty answers score 0 (an empty prediction never earns a reward).
+    ``None`` (no answer) scores 0. Under ``robust`` an empty normalised prediction scores 0 too;
+    under ``official`` it equals a gold answer that also normalises to ``""`` (as the scripts do).
     """
     if prediction is None:
         return 0.0
-    predicted = normalize_answer(prediction).split()
-    return max(
-        (_f1_tokens(predicted, normalize_answer(alias).split()) for alias in as_aliases(gold)), default=0.0
+    predicted = normalize_answer(prediction, normalization, keep_accents=keep_accents)
+    if not predicted and normalization == "robust":
+        return 0.0
+    return float(
+        any(
+            predicted == normalize_answer(alias, normalization, keep_accents=keep_accents)
+            for alias in as_aliases(gold)
+        )
     )
 
 
-def substring_match(prediction: str | None, gold: Any) -> float:
-    """1.0 when a normalised alias occurs in the normalised prediction at word boundaries.
+def _f1_normalized(predicted: str, expected: str) -> float:
+    """HotpotQA's ``f1_score`` on two normalised answers."""
+    if (predicted in _SPECIAL_ANSWERS or expected in _SPECIAL_ANSWERS) and predicted != expected:
+        return 0.0
+    predicted_tokens, expected_tokens = predicted.split(), expected.split()
+    overlap = sum((Counter(predicted_tokens) & Counter(expected_tokens)).values())
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(predicted_tokens)
+    recall = overlap / len(expected_tokens)
+    return 2 * precision * recall / (precision + recall)
 
-    ``"Tulsa, Oklahoma"`` contains ``"Tulsa"``; ``"Tulsan"`` does not. Lenient by design, and so open to
-    a policy that lists many candidates in one answer: prefer ``exact`` or ``f1`` as a training reward.
+
+def f1_score(
+    prediction: str | None,
+    gold: Any,
+    *,
+    normalization: Normalization = DEFAULT_NORMALIZATION,
+    keep_accents: bool = False,
+) -> float:
+    """Token-level F1 between the normalised prediction and the best alias (HotpotQA's ``f1_score``).
+
+    Tokens are the whitespace-separated words of the normalised strings, counted as multisets. A
+    yes/no/noanswer answer on either side scores only when both are equal; no common token (two empty
+    answers included, as in the scripts) scores 0.
     """
     if prediction is None:
         return 0.0
-    predicted = f" {normalize_answer(prediction)} "
+    predicted = normalize_answer(prediction, normalization, keep_accents=keep_accents)
+    return max(
+        (
+            _f1_normalized(predicted, normalize_answer(alias, normalization, keep_accents=keep_accents))
+            for alias in as_aliases(gold)
+        ),
+        default=0.0,
+    )
+
+
+def substring_match(
+    prediction: str | None,
+    gold: Any,
+    *,
+    normalization: Normalization = DEFAULT_NORMALIZATION,
+    keep_accents: bool = False,
+) -> float:
+    """1.0 when a normalised alias occurs in the normalised prediction at word boundaries.
+
+    ``"Tulsa, Oklahoma"`` contains ``"Tulsa"``; ``"Tulsan"`` does not; an alias that normalises to
+    nothing never matches. Lenient by design, and so open to a policy that lists many candidates in
+    one answer: prefer ``exact`` or ``f1`` as a training reward.
+    """
+    if prediction is None:
+        return 0.0
+    predicted = f" {normalize_answer(prediction, normalization, keep_accents=keep_accents)} "
     for alias in as_aliases(gold):
-        expected = normalize_answer(alias)
+        expected = normalize_answer(alias, normalization, keep_accents=keep_accents)
         if expected and f" {expected} " in predicted:
             return 1.0
     return 0.0
@@ -204,12 +290,37 @@ def final_answer(trajectory: Trajectory) -> str | None:
 METRICS = {"exact": exact_match, "f1": f1_score, "substring": substring_match, "numeric": numeric_match}
 """Mode name → metric function, as used by the ``answer_match`` reward shaper."""
 
+
+def answer_normalizations(shapers: Iterable[Any]) -> dict[str, str]:
+    """Signal name → normalisation, for each reward shaper among ``shapers`` that has a
+    ``normalization`` option (``answer_match``, the search plugin's ``qa_*``), so that an evaluation
+    report can say how its answers were compared. The signal name is the shaper's ``signal_name``
+    option when it has one, else its ``name``; ``numeric`` mode normalises nothing and is left out."""
+    out: dict[str, str] = {}
+    for shaper in shapers:
+        config = getattr(shaper, "config", None)
+        normalization = getattr(config, "normalization", None)
+        if normalization is None or getattr(config, "mode", None) == "numeric":
+            continue
+        out[str(getattr(config, "signal_name", None) or shaper.name)] = str(normalization)
+    return out
+
+
+TEXT_METRICS = {"exact": exact_match, "f1": f1_score, "substring": substring_match}
+"""The metrics that compare normalised text (they take ``normalization`` and ``keep_accents``)."""
+
 __all__ = [
+    "DEFAULT_NORMALIZATION",
     "METRICS",
+    "NORMALIZATIONS",
+    "TEXT_METRICS",
+    "Normalization",
+    "answer_normalizations",
     "as_aliases",
     "exact_match",
     "f1_score",
     "final_answer",
+    "fold_accents",
     "normalize_answer",
     "numeric_match",
     "parse_number",

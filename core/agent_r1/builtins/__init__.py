@@ -33,9 +33,9 @@ def register_tool_call_formats() -> list[Any]:
 @hookimpl
 def register_datasets() -> list[Any]:
     from agent_r1.builtins.calculator import ArithmeticDataset
-    from agent_r1.builtins.datasets import JsonlTasks
+    from agent_r1.builtins.datasets import DATASETS
 
-    return [ArithmeticDataset, JsonlTasks]
+    return [ArithmeticDataset, *DATASETS]
 
 
 @hookimpl

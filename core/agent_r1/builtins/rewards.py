@@ -8,7 +8,7 @@ every signal afterwards, and logs each signal by name (``reward/<name>``).
 Run config example::
 
     rewards:
-      - {name: answer_match, mode: numeric, weight: 1.0}
+      - {name: answer_match, mode: numeric, weight: 1.0}   # or mode: exact, normalization: official
       - {name: format, weight: 0.1}
       - {name: tool_call, success: 0.1, failure: -0.1, weight: 1.0}
       - {name: overlong, max_length: 512, buffer: 128, weight: 1.0}
@@ -22,7 +22,13 @@ from pydantic import Field, model_validator
 
 from agent_r1.contracts import ComponentConfig, RewardShaper
 from agent_r1.mdp import RewardSignal, Task, Trajectory
-from agent_r1.rewards import exact_match, f1_score, final_answer, numeric_match, substring_match
+from agent_r1.rewards import (
+    DEFAULT_NORMALIZATION,
+    TEXT_METRICS,
+    Normalization,
+    final_answer,
+    numeric_match,
+)
 
 
 class AnswerMatchReward(RewardShaper):
@@ -30,7 +36,7 @@ class AnswerMatchReward(RewardShaper):
 
     The final answer is the last step's ``action.answer`` (see :func:`agent_r1.rewards.final_answer`);
     an episode that gave none scores 0. ``task.answer`` is a value or a list of aliases, and the best
-    alias counts. Modes (see :mod:`agent_r1.rewards` for the normalisation, after SQuAD):
+    alias counts. Modes (see :mod:`agent_r1.rewards` for the normalisation):
 
     * ``exact``: 1 when the normalised answer equals a normalised alias, else 0;
     * ``f1``: token-level F1 in [0, 1];
@@ -38,6 +44,12 @@ class AnswerMatchReward(RewardShaper):
       learn to list many candidates, so prefer ``exact``/``f1`` for training);
     * ``numeric``: 1 when the stated number equals the gold number within tolerance, with commas,
       currency signs and units ignored.
+
+    ``normalization`` (``exact``, ``f1``, ``substring``): ``official`` (default) applies the official
+    HotpotQA / SQuAD rules exactly, so scores compare with published numbers; ``robust`` adds Unicode
+    care (NFKC, Unicode punctuation, accents folded unless ``keep_accents``, an empty answer never
+    matches). The search plugin's ``qa_em`` / ``qa_f1`` / ``qa_substring`` use the same functions, so
+    with the same options they give the same value on the same trajectory.
 
     A task without a reference answer (``task.answer is None``) gets no signal. Evaluation reads
     success from the signal named ``signal_name`` (``eval.success_signal`` in the run config).
@@ -54,6 +66,14 @@ class AnswerMatchReward(RewardShaper):
             min_length=1,
             description="name of the emitted signal (eval reads success from it)",
         )
+        normalization: Normalization = Field(
+            DEFAULT_NORMALIZATION,
+            description="answer normalisation of the text modes: 'official' (HotpotQA/SQuAD scripts) "
+            "or 'robust' (Unicode-aware)",
+        )
+        keep_accents: bool = Field(
+            False, description="robust normalisation only: compare accents too ('René' != 'Rene')"
+        )
         rel_tol: float = Field(1e-6, ge=0.0, description="numeric mode: relative tolerance")
         abs_tol: float = Field(1e-6, ge=0.0, description="numeric mode: absolute tolerance")
 
@@ -69,14 +89,11 @@ class AnswerMatchReward(RewardShaper):
 
     def match(self, answer: str, gold: object) -> float:
         """Score one answer against a gold value or alias list with the configured mode."""
-        mode = self.config.mode
-        if mode == "exact":
-            return exact_match(answer, gold)
-        if mode == "f1":
-            return f1_score(answer, gold)
-        if mode == "substring":
-            return substring_match(answer, gold)
-        return numeric_match(answer, gold, rel_tol=self.config.rel_tol, abs_tol=self.config.abs_tol)
+        cfg = self.config
+        if cfg.mode == "numeric":
+            return numeric_match(answer, gold, rel_tol=cfg.rel_tol, abs_tol=cfg.abs_tol)
+        metric = TEXT_METRICS[cfg.mode]
+        return metric(answer, gold, normalization=cfg.normalization, keep_accents=cfg.keep_accents)
 
 
 class FormatReward(RewardShaper):

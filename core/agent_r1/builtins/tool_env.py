@@ -5,7 +5,7 @@ validated before any model loads (see :meth:`ToolEnv.requires`)::
 
     environment:
       name: tool_env
-      tools: [calculator, {name: search, top_k: 3}]
+      tools: [calculator, {name: search, topk: 3}]
       format: {name: tags, tool_tags: {calculator: calc}}
       system_prompt: "Answer the question."
       max_turns: 4
@@ -16,18 +16,29 @@ Protocol with the engine (one instance per trajectory):
    non-empty) as the prompt.
 2. Each turn ``t`` (0-based): generate with ``env.stop_sequences`` besides EOS, build an
    :class:`~agent_r1.Action` whose ``text`` is the decoded sampled tokens (stop sequence included),
-   then ``observation = await env.step(action, t)``. The environment fills ``action.tool_calls``,
-   ``action.answer`` and ``action.parse_errors`` in place.
+   then ``observation = await env.step(action, t)``. What the environment parsed out of the action
+   comes back in ``observation.tool_calls``, ``observation.answer`` and
+   ``observation.parse_errors`` (the engine records them in its :class:`~agent_r1.Action`; the
+   environment never writes into the action).
 3. If ``observation.done`` the episode ends (``observation.termination`` says why, and
    ``observation.messages`` is empty); otherwise append ``observation.messages`` as environment
    tokens and go on with turn ``t + 1``.
+
+The tools and the format are built once per distinct tool/format configuration (and registry) and
+shared by every episode; a tool that sets ``per_episode`` is built for each episode instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import pickle
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
@@ -38,6 +49,14 @@ from agent_r1.builtins.formats import (
     too_many_calls_error,
     unknown_tool_error,
 )
+from agent_r1.builtins.tool_runner import (
+    CallAborted,
+    CallTimedOut,
+    ChildProcessSetupFailed,
+    TooManyHungCalls,
+    run_in_process,
+    run_in_thread,
+)
 from agent_r1.contracts import (
     ComponentConfig,
     ComponentSpec,
@@ -47,14 +66,143 @@ from agent_r1.contracts import (
     Tool,
     ToolCallFormat,
 )
-from agent_r1.errors import ConfigError, ToolError
+from agent_r1.errors import ConfigError, EnvironmentFatalError, ToolError, ToolInfrastructureError
 from agent_r1.mdp import Action, Message, Observation, RewardSignal, Task, ToolCall, ToolResult
+
+_HANG_ADVICE = (
+    "those tools probably hang: fix them, or set isolation = 'process' on their classes so that "
+    "their calls are killed at the timeout"
+)
+_SETUP_ADVICE = "make the tool's class importable and its instance picklable, or use isolation = 'thread'"
 
 NO_CALL_MESSAGE = "your reply has no tool call and no final answer. Call a tool or give the final answer."
 
 
 def _spec(item: str | ComponentSpec) -> ComponentSpec:
     return ComponentSpec(name=item) if isinstance(item, str) else item
+
+
+# --------------------------------------------------------------------------------------------
+# Tools built once per configuration
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Toolkit:
+    """What every episode of one tool/format configuration shares."""
+
+    order: tuple[str, ...]
+    shared_tools: Mapping[str, Tool]
+    per_episode_tools: Mapping[str, tuple[type[Tool], ComponentConfig]]
+    """Tools with ``per_episode``: their class and validated config; each episode builds its own."""
+    tool_classes: Mapping[str, type[Tool]]
+    format: ToolCallFormat
+    instructions: str
+    stop_sequences: tuple[str, ...]
+
+
+TOOLKIT_CACHE_SIZE = 16
+"""Distinct tool/format configurations whose built tools are kept (per registry, least recently
+used dropped first); a run uses one or two."""
+
+_toolkits: weakref.WeakKeyDictionary[Any, OrderedDict[str, _Toolkit]] = weakref.WeakKeyDictionary()
+_toolkits_lock = threading.RLock()  # reentrant: a tool's constructor may itself build a ToolEnv
+
+
+def _toolkit(env_name: str, config: ToolEnv.Config) -> _Toolkit:
+    """The tools and format of ``config``, built on the first call for each configuration and
+    registry (a new registry, e.g. after :func:`agent_r1.registry.reset_registry`, builds anew)."""
+    from agent_r1.registry import get_registry
+
+    registry = get_registry()
+    tool_specs, format_spec = config.tool_specs(), config.format_spec()
+    key = _toolkit_key(tool_specs, format_spec)
+    with _toolkits_lock:
+        cache = _toolkits.setdefault(registry, OrderedDict())
+        if key is not None and key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        toolkit = _build_toolkit(env_name, registry, tool_specs, format_spec)
+        if key is not None:
+            cache[key] = toolkit
+            while len(cache) > TOOLKIT_CACHE_SIZE:
+                cache.popitem(last=False)
+        return toolkit
+
+
+def _toolkit_key(tool_specs: Sequence[ComponentSpec], format_spec: ComponentSpec) -> str | None:
+    try:
+        sections = {
+            "tools": [spec.model_dump(mode="json") for spec in tool_specs],
+            "format": format_spec.model_dump(mode="json"),
+        }
+        return json.dumps(sections, sort_keys=True)
+    except (TypeError, ValueError):  # pydantic's serialisation errors are ValueErrors
+        return None  # options that are not plain data: build for each episode, as before 0.2.0
+
+
+def _build_toolkit(
+    env_name: str, registry: Any, tool_specs: Sequence[ComponentSpec], format_spec: ComponentSpec
+) -> _Toolkit:
+    from agent_r1.registry import validate_component_config
+
+    shared: dict[str, Tool] = {}
+    per_episode: dict[str, tuple[type[Tool], ComponentConfig]] = {}
+    classes: dict[str, type[Tool]] = {}
+    for i, spec in enumerate(tool_specs):
+        cls = registry.get("tools", spec.name)
+        if cls.name in classes:
+            raise ConfigError(
+                f"{env_name}.tools[{i}]: {spec.name!r} is the tool {cls.name!r}, which is already listed",
+                path=f"tools[{i}]",
+            )
+        if cls.per_episode:
+            tool_config = validate_component_config(cls, spec.options, where=f"tool {spec.name!r}")
+            per_episode[cls.name] = (cls, tool_config)
+        else:
+            tool = registry.build("tools", spec.name, spec.options)
+            if cls.isolation == "process":
+                _check_sendable(env_name, i, tool)
+            shared[cls.name] = tool
+        classes[cls.name] = cls
+    fmt: ToolCallFormat = registry.build("tool_call_formats", format_spec.name, format_spec.options)
+    try:  # surfaces format/tool mismatches (e.g. two tools on one tag) now, not mid-rollout
+        instructions = fmt.instructions(list(classes.values()))
+        stop_sequences = _stop_sequences(fmt, list(classes.values()))
+    except ValueError as exc:
+        raise ConfigError(
+            f"{env_name}: tools {list(classes)} and format {format_spec.name!r}: {exc}"
+        ) from None
+    return _Toolkit(
+        order=tuple(classes),
+        shared_tools=shared,
+        per_episode_tools=per_episode,
+        tool_classes=classes,
+        format=fmt,
+        instructions=instructions,
+        stop_sequences=tuple(stop_sequences),
+    )
+
+
+def _check_sendable(env_name: str, index: int, tool: Tool) -> None:
+    """A tool with ``isolation = "process"`` travels to its child process with pickle: check now."""
+    cls = type(tool)
+    where = f"{env_name}.tools[{index}]: tool {cls.name!r} ({cls.__module__}.{cls.__qualname__})"
+    if cls.__module__ == "__main__":
+        raise ConfigError(
+            f"{where} has isolation 'process' but is defined in the __main__ script, which its child "
+            "processes cannot import. Move the class into a module.",
+            path=f"tools[{index}]",
+        )
+    try:
+        pickle.loads(pickle.dumps(tool))
+    except Exception as exc:
+        raise ConfigError(
+            f"{where} has isolation 'process' but cannot be pickled to its child process "
+            f"({type(exc).__name__}: {exc}). Keep only picklable state on the instance (open "
+            "resources lazily in run), or use isolation 'thread'.",
+            path=f"tools[{index}]",
+        ) from None
 
 
 class ToolEnv(Environment):
@@ -73,6 +221,13 @@ class ToolEnv(Environment):
       calls were malformed is answered with the errors, so that the agent can fix them.
     * ``max_turns``: ``turn + 1 >= max_turns``, after running that turn's calls (their results are
       in ``tool_results`` for the logs, though the agent never sees them).
+
+    Tool failures: :class:`~agent_r1.ToolError` and ordinary exceptions become error results the
+    agent reads; :class:`~agent_r1.errors.ToolInfrastructureError` makes :meth:`step` raise (unless
+    the tool sets ``infrastructure_errors_visible``: then an error result of kind
+    ``infrastructure``); :class:`~agent_r1.errors.EnvironmentFatalError` always makes it raise. A
+    call past ``call_timeout_s`` is abandoned (thread) or killed (``isolation = "process"``); see
+    :meth:`call`.
 
     Optional process rewards (``tool_success_reward``, ``tool_failure_reward``,
     ``format_error_reward``) are emitted per turn as :class:`~agent_r1.RewardSignal`\\ s named
@@ -104,7 +259,9 @@ class ToolEnv(Environment):
             4, ge=1, description="calls beyond this in one action are dropped with an error"
         )
         call_timeout_s: float = Field(
-            30.0, gt=0, description="a call that runs longer fails with error 'timeout'"
+            30.0,
+            gt=0,
+            description="a call that runs longer fails with error 'timeout'; the step does not wait for it",
         )
         max_result_chars: int | None = Field(
             4000, ge=1, description="longer tool outputs are cut to this many characters (null: no limit)"
@@ -135,31 +292,15 @@ class ToolEnv(Environment):
 
     def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        from agent_r1.registry import get_registry
-
-        registry = get_registry()
-        self.tools: dict[str, Tool] = {}
-        for i, spec in enumerate(self.config.tool_specs()):
-            tool = registry.build("tools", spec.name, spec.options)
-            if tool.name in self.tools:
-                raise ConfigError(
-                    f"{self.name}.tools[{i}]: {spec.name!r} is the tool {tool.name!r}, "
-                    "which is already listed",
-                    path=f"tools[{i}]",
-                )
-            self.tools[tool.name] = tool
-        format_spec = self.config.format_spec()
-        self.format: ToolCallFormat = registry.build(
-            "tool_call_formats", format_spec.name, format_spec.options
-        )
-        self.tool_classes: dict[str, type[Tool]] = {name: type(tool) for name, tool in self.tools.items()}
-        try:  # surfaces format/tool mismatches (e.g. two tools on one tag) now, not mid-rollout
-            self._instructions = self.format.instructions(list(self.tool_classes.values()))
-            self._stop_sequences = _stop_sequences(self.format, list(self.tool_classes.values()))
-        except ValueError as exc:
-            raise ConfigError(
-                f"{self.name}: tools {list(self.tools)} and format {format_spec.name!r}: {exc}"
-            ) from None
+        toolkit = _toolkit(self.name, self.config)
+        self.format: ToolCallFormat = toolkit.format
+        self.tools: dict[str, Tool] = dict(toolkit.shared_tools)
+        for tool_name, (cls, tool_config) in toolkit.per_episode_tools.items():
+            self.tools[tool_name] = cls(tool_config)
+        self.tools = {name: self.tools[name] for name in toolkit.order}  # the configured order
+        self.tool_classes: dict[str, type[Tool]] = dict(toolkit.tool_classes)
+        self._instructions = toolkit.instructions
+        self._stop_sequences = list(toolkit.stop_sequences)
 
     @classmethod
     def requires(cls, config: Any) -> list[tuple[Any, ...]]:
@@ -218,47 +359,72 @@ class ToolEnv(Environment):
         return parsed
 
     async def step(self, action: Action, turn: int) -> Observation:
-        """Parse ``action`` (writing ``tool_calls``, ``answer`` and ``parse_errors`` into it), run its
-        calls concurrently, and answer with the rendered results or end the episode."""
+        """Parse ``action``, run its calls concurrently, and answer with the rendered results or end
+        the episode. What was parsed comes back in the observation's ``tool_calls``, ``answer`` and
+        ``parse_errors``; ``action`` is not modified.
+
+        Raises :class:`~agent_r1.errors.ToolInfrastructureError` (a tool's infrastructure failed,
+        and the tool does not show such failures to the agent) or
+        :class:`~agent_r1.errors.EnvironmentFatalError`; the other calls of the turn are cancelled.
+        """
         parsed = self.parse(action)
         calls = [
             call.model_copy(update={"id": f"call_{turn}_{i}"}) for i, call in enumerate(parsed.tool_calls)
         ]
         errors = list(parsed.errors)
-        action.tool_calls, action.answer, action.parse_errors = calls, parsed.answer, errors
         info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "format_errors": len(errors)}
+        parsed_parts = {"tool_calls": calls, "answer": parsed.answer, "parse_errors": errors}
 
         if parsed.answer is not None and self.config.end_on_answer:
             if calls:
                 info["ignored_tool_calls"] = len(calls)
-            return self._observation(turn, [], errors, info, done=True, termination="answer")
+            return self._observation(turn, [], parsed_parts, info, done=True, termination="answer")
         if not calls:
             if not errors and (self.config.end_on_no_tool_call or parsed.answer is not None):
                 termination = "answer" if parsed.answer is not None else "no_tool_call"
-                return self._observation(turn, [], errors, info, done=True, termination=termination)
+                return self._observation(turn, [], parsed_parts, info, done=True, termination=termination)
             if not errors:  # keep going, but tell the agent what was missing
                 errors.append(NO_CALL_MESSAGE)
-                action.parse_errors = list(errors)
                 info["format_errors"] = len(errors)
 
-        results = list(await asyncio.gather(*(self.call(call) for call in calls)))
+        results = await self._run_calls(calls)
         info["tool_calls"] = len(results)
         info["tool_errors"] = sum(not result.ok for result in results)
         done = turn + 1 >= self.config.max_turns
         return self._observation(
-            turn, results, errors, info, done=done, termination="max_turns" if done else None
+            turn, results, parsed_parts, info, done=done, termination="max_turns" if done else None
         )
+
+    async def _run_calls(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run ``calls`` concurrently. When one raises (an infrastructure or fatal error), the others
+        are cancelled (process-isolated ones killed) and that error is raised."""
+        tasks = [asyncio.ensure_future(self.call(call)) for call in calls]
+        if not tasks:
+            return []
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:  # cancelled (Ctrl-C, a timeout around the step): stop every call
+            await _cancel(tasks)
+            raise
+        if pending:
+            await _cancel(list(pending))
+        failed = [exc for task in tasks if task in done and (exc := task.exception()) is not None]
+        if failed:
+            fatal = [exc for exc in failed if isinstance(exc, EnvironmentFatalError)]
+            raise (fatal or failed)[0]
+        return [task.result() for task in tasks]
 
     def _observation(
         self,
         turn: int,
         results: list[ToolResult],
-        errors: list[str],
+        parsed_parts: dict[str, Any],
         info: dict[str, Any],
         *,
         done: bool,
         termination: str | None,
     ) -> Observation:
+        errors: list[str] = parsed_parts["parse_errors"]
         messages = [] if done else self.format.render_results(results, errors)
         return Observation(
             messages=messages,
@@ -267,6 +433,9 @@ class ToolEnv(Environment):
             done=done,
             termination=termination,
             info=info,
+            tool_calls=parsed_parts["tool_calls"],
+            answer=parsed_parts["answer"],
+            parse_errors=list(errors),
         )
 
     def _process_rewards(
@@ -286,8 +455,16 @@ class ToolEnv(Environment):
 
     # -- calls ---------------------------------------------------------------------------------
     async def call(self, call: ToolCall) -> ToolResult:
-        """Run one call under ``call_timeout_s``; never raises. Sync tools run in a worker thread
-        (a sync tool that hangs keeps its thread busy after the timeout: Python cannot kill it)."""
+        """Run one call under ``call_timeout_s`` and return its result; failures the agent should
+        read become error results (kinds ``unknown_tool``, ``bad_arguments``, ``timeout``,
+        ``exception``, ``infrastructure``).
+
+        A synchronous tool runs in a daemon worker thread that is abandoned at the timeout, or with
+        ``isolation = "process"`` in a child process that is killed at the timeout (see
+        :mod:`agent_r1.builtins.tool_runner`); either way the call returns at the timeout and its
+        ``finished_at`` says so. Raises :class:`~agent_r1.errors.ToolInfrastructureError` (unless the
+        tool sets ``infrastructure_errors_visible``) and :class:`~agent_r1.errors.EnvironmentFatalError`.
+        """
         started = time.monotonic()
         tool = self.tools.get(call.name)
         if tool is None:
@@ -305,19 +482,26 @@ class ToolEnv(Environment):
             )
         timeout = self.config.call_timeout_s
         try:
-            if tool.is_async:
-                output = await asyncio.wait_for(tool.run(arguments), timeout)
+            output = await _execute(tool, arguments, timeout)
+        except CallTimedOut as exc:
+            detail = f"the call took longer than {timeout:g} s and was stopped"
+            if not exc.started:
+                detail = f"the call waited {timeout:g} s for a free worker and never started"
+            return self._failed(call, "timeout", detail, started)
+        except EnvironmentFatalError as exc:
+            raise EnvironmentFatalError(f"tool {call.name!r} (call {call.id}): {exc}") from exc
+        except (ToolInfrastructureError, ChildProcessSetupFailed, TooManyHungCalls) as exc:
+            if isinstance(exc, ToolInfrastructureError):
+                detail = str(exc) or type(exc).__name__
             else:
-                output = await asyncio.wait_for(asyncio.to_thread(tool.run, arguments), timeout)
-        except asyncio.TimeoutError:
-            return self._failed(
-                call, "timeout", f"the call took longer than {timeout:g} s and was stopped", started
-            )
-        except ToolError as exc:
+                detail = f"{exc}; {_HANG_ADVICE if isinstance(exc, TooManyHungCalls) else _SETUP_ADVICE}"
+            if type(tool).infrastructure_errors_visible:
+                return self._failed(call, "infrastructure", detail, started)
+            raise ToolInfrastructureError(f"tool {call.name!r} (call {call.id}) failed: {detail}") from exc
+        except (ToolError, CallAborted) as exc:
             return self._failed(call, "exception", str(exc) or type(exc).__name__, started)
         except Exception as exc:
-            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return self._failed(call, "exception", detail, started)
+            return self._failed(call, "exception", _describe(exc), started)
         finished = time.monotonic()
         if isinstance(output, ToolResult):
             result = output.model_copy(update={"call_id": call.id, "name": call.name})
@@ -348,6 +532,37 @@ class ToolEnv(Environment):
         result.content = f"{result.content[:limit]}\n[truncated: {cut} more characters]"
         result.truncated = True
         return result
+
+
+async def _execute(tool: Tool, arguments: Any, timeout: float) -> Any:
+    """``tool.run(arguments)`` under ``timeout`` (raises :class:`CallTimedOut`), in the way the
+    tool's ``isolation`` asks for."""
+    if type(tool).isolation == "process":
+        return await run_in_process(tool, arguments, timeout=timeout)
+    if tool.is_async:
+        task = asyncio.ensure_future(tool.run(arguments))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        except BaseException:
+            await _cancel([task])
+            raise
+        if not done:
+            await _cancel([task])
+            raise CallTimedOut(timeout, started=True)
+        return task.result()
+    return await run_in_thread(tool.run, arguments, timeout=timeout, label=tool.name)
+
+
+async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they have unwound (a process-isolated call kills its child
+    on the way out). Their outcomes are dropped: the caller is already failing or timing out."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _stop_sequences(fmt: ToolCallFormat, tools: Sequence[type[Tool]]) -> list[str]:

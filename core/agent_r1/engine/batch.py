@@ -164,3 +164,32 @@ def policy_forward(
         entropy[:, first + 1 :] = token_entropy
     hidden = outputs.hidden_states[-1] if with_hidden else None
     return ForwardOut(logprobs=logprobs, entropy=entropy, hidden=hidden)
+
+
+def first_policy_position(mask: torch.Tensor) -> int:
+    """The earliest column holding a policy token in ``mask`` ``[B, T]`` (0 if there is none)."""
+    columns = mask.any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
+
+
+def micro_rows(size: int, micro_batch_size: int) -> list[list[int]]:
+    """Row indexes ``0 .. size - 1`` in consecutive chunks of ``micro_batch_size``."""
+    return [list(range(i, min(i + micro_batch_size, size))) for i in range(0, size, micro_batch_size)]
+
+
+def no_grad_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, micro_batch_size: int
+) -> torch.Tensor:
+    """``log pi(token t | tokens < t)`` ``[B, T]`` under ``model``, micro-batch by micro-batch,
+    without gradients (old-policy and reference passes)."""
+    out = torch.zeros_like(batch.rollout_logprobs)
+    model.eval()
+    with torch.no_grad():
+        for rows in micro_rows(len(batch), micro_batch_size):
+            micro = batch.select(rows)
+            start = first_policy_position(micro.loss_mask)
+            lp = policy_forward(
+                model, micro.input_ids, micro.attention_mask, temperature=temperature, start=start
+            )
+            out[rows, : lp.logprobs.shape[1]] = lp.logprobs
+    return out

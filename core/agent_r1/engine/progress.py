@@ -1,4 +1,5 @@
-"""A rich progress bar for training: steps, ETA and the latest reward."""
+"""Rich progress bars: training steps (ETA, latest reward) and finished episodes of an evaluation or
+rollout."""
 
 from __future__ import annotations
 
@@ -63,3 +64,59 @@ class TrainingProgress:
     ) -> None:
         if self._progress is not None:
             self._progress.__exit__(exc_type, exc, tb)
+
+
+class EpisodeProgress:
+    """Context manager counting finished episodes of a rollout (``eval before``: 37/64 episodes).
+
+    Pass :meth:`update` as the rollout engine's ``on_progress`` callback. On an interactive terminal
+    it draws a bar; otherwise it prints one line when the rollout is done; disabled, it does
+    nothing.
+    """
+
+    def __init__(self, label: str, *, enabled: bool = True) -> None:
+        self.label = label
+        self.enabled = enabled
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._done = 0
+        self._total = 0
+        self._started = 0.0
+
+    def __enter__(self) -> EpisodeProgress:
+        import time
+
+        self._started = time.perf_counter()
+        if self.enabled and sys.stderr.isatty():
+            self._progress = Progress(
+                TextColumn(f"[bold]{self.label}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("episodes"),
+                TimeElapsedColumn(),
+                transient=True,
+            )
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.label, total=None)
+        return self
+
+    def update(self, done: int, total: int) -> None:
+        """``done`` of ``total`` episodes have finished."""
+        self._done, self._total = done, total
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        import time
+
+        if self._progress is not None:
+            self._progress.__exit__(exc_type, exc, tb)
+        if self.enabled and exc_type is None and self._total:
+            elapsed = time.perf_counter() - self._started
+            print(
+                f"{self.label}: {self._done}/{self._total} episodes in {elapsed:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )

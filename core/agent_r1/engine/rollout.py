@@ -30,8 +30,15 @@ Budgets and truncation (never silent):
   termination ``max_turns``.
 
 ``Trajectory.truncated`` is true when a budget ended the episode (termination ``max_tokens`` or
-``max_turns``) or its last action was cut (``length``/``context``), i.e. whenever the episode did
-not end on its own terms.
+``max_turns``, whether the engine's ``max_turns`` or the environment's own turn limit fired first)
+or its last action was cut (``length``/``context``), i.e. whenever the episode did not end on its
+own terms.
+
+Parse results: an environment returns what it parsed out of an action in
+``Observation.tool_calls`` / ``answer`` / ``parse_errors``; the engine records them on the step's
+:class:`~agent_r1.mdp.Action`. Environment failures: an exception from ``Environment.step`` ends
+the episode (``on_env_error="end"``, counted, and noted in ``Trajectory.errors``) or aborts the
+run (``"raise"``); :class:`~agent_r1.errors.EnvironmentFatalError` always aborts.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from typing import Any, Literal
 
 from agent_r1.contracts import Environment, EpisodeStart, Generation, RolloutBackend, SamplingParams
 from agent_r1.engine.chat import ChatRenderer
-from agent_r1.errors import AgentR1Error
+from agent_r1.errors import AgentR1Error, EnvironmentFatalError
 from agent_r1.mdp import Action, Message, Observation, Step, Task, TokenSource, Trajectory
 
 __all__ = ["TRAJECTORY_METRICS", "RolloutEngine", "turn_seed"]
@@ -103,6 +110,7 @@ class RolloutEngine:
     an exception raised by ``Environment.step`` does: ``"raise"`` (default) aborts the run with an
     :class:`~agent_r1.errors.AgentR1Error` naming the environment, task and turn; ``"end"`` ends
     that episode with termination ``env_error`` and goes on (counted in ``env_errors``).
+    ``on_progress(finished, total)`` is called after every turn.
     """
 
     def __init__(
@@ -117,6 +125,7 @@ class RolloutEngine:
         sampling: SamplingParams | None = None,
         renderer: ChatRenderer | None = None,
         on_env_error: Literal["raise", "end"] = "raise",
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         if max_turns < 1 or max_new_tokens < 1 or max_context < 2:
             raise ValueError(
@@ -132,7 +141,18 @@ class RolloutEngine:
         self.sampling = sampling if sampling is not None else SamplingParams()
         self.renderer = renderer if renderer is not None else ChatRenderer(tokenizer)
         self.on_env_error = on_env_error
+        self.on_progress = on_progress
+        """Called after every turn with ``(finished episodes, all episodes)`` (progress bars)."""
         self._backend_takes_budgets = "max_new_tokens" in inspect.signature(backend.generate).parameters
+        if not self._backend_takes_budgets:
+            warnings.warn(
+                f"rollout backend {backend.name or type(backend).__name__!r}: generate() takes no "
+                "max_new_tokens (per-prompt budgets, declared by RolloutBackend.generate since 0.2.0); "
+                "it is called without them and its rows are cut to each budget. Support for such "
+                "backends will be removed in 0.3.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self.last_metrics: dict[str, float] = {}
         """Batch-level figures of the latest run (``rollout/...``): see :meth:`run`."""
 
@@ -195,6 +215,8 @@ class RolloutEngine:
             await self._step(active, turn)
             totals["env_s"] += time.perf_counter() - started
             turn += 1
+            if self.on_progress is not None:
+                self.on_progress(sum(episode.done for episode in episodes), len(episodes))
         for episode in episodes:
             self._finish(episode)
         self.last_metrics = {
@@ -290,11 +312,12 @@ class RolloutEngine:
     def _call_backend(
         self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
-        """Per-prompt budgets go to backends that take them; other backends sample up to the largest
-        budget and the engine cuts each row to its own (the kept tokens are still exact samples)."""
+        """Every backend takes per-prompt budgets (``RolloutBackend.generate``'s ``max_new_tokens``);
+        a row that comes back longer than its budget is cut to it (the kept tokens are still exact
+        samples)."""
         if self._backend_takes_budgets:
-            generations = self.backend.generate(prompts, sampling, max_new_tokens=budgets)  # type: ignore[call-arg]
-        else:
+            generations = self.backend.generate(prompts, sampling, max_new_tokens=budgets)
+        else:  # deprecated: a backend written before budgets were part of the contract
             generations = self.backend.generate(
                 prompts, sampling.model_copy(update={"max_new_tokens": max(budgets)})
             )
@@ -318,6 +341,8 @@ class RolloutEngine:
             started = time.perf_counter()
             try:
                 observation = await episode.env.step(episode.action, turn)
+            except EnvironmentFatalError:
+                raise
             except Exception as exc:
                 if self.on_env_error == "raise":
                     raise AgentR1Error(
@@ -326,6 +351,10 @@ class RolloutEngine:
                         "environment, or pass on_env_error='end' to end such episodes and go on."
                     ) from exc
                 episode.counters["env_errors"] += 1
+                episode.trajectory.errors.append(
+                    f"environment {episode.env.name or type(episode.env).__name__!r} raised in step (task "
+                    f"{episode.task.id!r}, turn {turn}): {type(exc).__name__}: {exc}"
+                )
                 observation = Observation(
                     done=True, termination="env_error", info={"error": f"{type(exc).__name__}: {exc}"}
                 )
@@ -338,6 +367,13 @@ class RolloutEngine:
     def _apply(self, episode: _Episode, observation: Observation, elapsed: float, turn: int) -> None:
         action = episode.action
         assert action is not None
+        parsed = {
+            name: getattr(observation, name)
+            for name in ("tool_calls", "answer", "parse_errors")
+            if getattr(observation, name) is not None
+        }
+        if parsed:  # what the environment parsed out of the action, recorded on it
+            action = episode.action = action.model_copy(update=parsed)
         trajectory = episode.trajectory
         trajectory.steps.append(
             Step(
@@ -361,8 +397,9 @@ class RolloutEngine:
             )
 
         cut = action.finish_reason in ("length", "context")
-        if observation.done:
-            return self._end(episode, observation.termination or "done", truncated=cut)
+        if observation.done:  # an environment's own turn limit is a budget too
+            termination = observation.termination or "done"
+            return self._end(episode, termination, truncated=cut or termination == "max_turns")
         room = self.max_context - len(trajectory)
         if action.finish_reason == "context" or room <= 0:
             return self._end(episode, "max_tokens", truncated=True)

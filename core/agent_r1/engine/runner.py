@@ -1,22 +1,50 @@
-"""What the ``train``, ``demo``, ``eval`` and ``rollout`` commands run.
+"""A run's lifecycle: what the ``train``, ``demo``, ``eval`` and ``rollout`` commands run.
 
 Every entry point validates the whole run config and resolves every component *before* loading a
-model, so a typo or a broken plugin costs seconds, not a model load.
+model, so a typo or a broken plugin costs seconds, not a model load. The runner owns everything
+around the training steps: the run directory (one run per directory; ``--resume`` continues it),
+``run.log``, evaluation before and after, checkpoints, interrupts (SIGINT/SIGTERM save a checkpoint
+at the next safe point), trackers and every observer hook, and the final Hugging Face export
+(``<run>/final``). The steps themselves (:func:`agent_r1.engine.trainer.train_step`) know nothing
+of hooks or files.
+
+Step numbering: step ``N`` is the ``N``-th completed update (1-based) in the console, in
+``metrics.jsonl`` (``step``), in checkpoint names (``step_00000N``), in observer hooks and in
+mid-run evaluation labels (``stepN``). Trajectories record the policy version that sampled them
+(``N - 1`` for step ``N``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import sys
 import time
 import warnings
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agent_r1.config import ResolvedComponent, RunConfig, load_config, resolved_dict, validate_components
-from agent_r1.errors import AgentR1Error
+from agent_r1.errors import AgentR1Error, RunInterrupted
 from agent_r1.mdp import Task, save_trajectories
+
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "eval_before.json",
+    "summary.json",
+    "checkpoints",
+)
+"""What marks a directory as holding a run: a fresh run refuses to start in it."""
+
+
+# --------------------------------------------------------------------------------------------
+# Before anything is created
+# --------------------------------------------------------------------------------------------
 
 
 def prepare(
@@ -45,154 +73,440 @@ def _expand_output_dir(output_dir: str, *, resume: bool) -> Path:
     return Path(output_dir.replace("{now}", time.strftime("%Y%m%d-%H%M%S")))
 
 
-def _run_dir(config: RunConfig, *, resume: bool) -> Path:
-    run_dir = _expand_output_dir(config.output_dir, resume=resume)
-    config.output_dir = str(run_dir)
-    checkpoints = run_dir / "checkpoints"
-    if not resume and checkpoints.is_dir() and any(checkpoints.iterdir()):
+def _check_run_dir(run_dir: Path, plain: dict[str, Any], *, resume: bool, allow_config_change: bool) -> None:
+    """One run per directory: a fresh run needs a directory without run files; a resumed run needs
+    the same config (or ``--allow-config-change``)."""
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not resume:
+        if held:
+            raise AgentR1Error(
+                f"{run_dir} already holds a run ({', '.join(held)}). Continue it with --resume, or start a "
+                "new run with output_dir=<another directory>."
+            )
+        return
+    previous = run_dir / "config.json"
+    if not previous.exists():
+        return
+    earlier = json.loads(previous.read_text(encoding="utf-8"))
+    changes = _config_changes(earlier, plain)
+    if changes and not allow_config_change:
+        shown = "\n  ".join(changes[:20])
         raise AgentR1Error(
-            f"{run_dir} already holds a run with checkpoints. Continue it with --resume, or start a new "
-            f"run with output_dir=<another directory>."
+            f"--resume: the config differs from the one {run_dir} was started with:\n  {shown}\nResume "
+            "with the original config, or pass --allow-config-change to continue with the new one (the "
+            "change is recorded in config_changes.jsonl)."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
 
 
-def _truncate_jsonl(path: Path, key: str, before_step: int) -> None:
+def _config_changes(before: Any, after: Any, path: str = "") -> list[str]:
+    """``path: old -> new`` for every leaf that differs between two plain configs."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            out += _config_changes(before.get(key, "<unset>"), after.get(key, "<unset>"), sub)
+        return out
+    if before != after and not path.startswith("output_dir"):
+        return [f"{path}: {json.dumps(before)} -> {json.dumps(after)}"]
+    return []
+
+
+def _truncate_jsonl(path: Path, key: str, keep_up_to: int) -> None:
     """Drop lines of steps that the resumed run will redo (they came after the checkpoint)."""
     if not path.exists():
         return
     kept = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            if json.loads(line).get(key, -1) < before_step:
+            if json.loads(line).get(key, -1) <= keep_up_to:
                 kept.append(line)
         except ValueError:
-            continue  # a line cut by a kill
+            continue  # a line cut by a kill: the resumed run writes that step again
     path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
-def run_eval(trainer: Any, config: RunConfig, tasks: list[Task], *, step: int, label: str) -> dict[str, Any]:
-    """Roll out ``tasks`` with the trainer's current policy and summarise the result."""
+# --------------------------------------------------------------------------------------------
+# run.log and signals
+# --------------------------------------------------------------------------------------------
+
+
+class _Tee:
+    """A text stream that writes to the console stream and to ``run.log``."""
+
+    def __init__(self, stream: TextIO, log: TextIO) -> None:
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        self.log.flush()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def _run_log(path: Path) -> Iterator[None]:
+    """Everything printed (stdout and stderr), every warning and the error that ends the run also
+    go to ``path``."""
+    with path.open("a", encoding="utf-8") as log:
+        stdout, stderr, show = sys.stdout, sys.stderr, warnings.showwarning
+        sys.stdout, sys.stderr = _Tee(stdout, log), _Tee(stderr, log)  # type: ignore[assignment]
+
+        def showwarning(message: Any, category: Any, filename: str, lineno: int, *_: Any, **__: Any) -> None:
+            print(
+                f"warning: {category.__name__}: {message} ({Path(filename).name}:{lineno})", file=sys.stderr
+            )
+
+        warnings.showwarning = showwarning
+        try:
+            yield
+        except RunInterrupted as exc:  # the command line prints it after the log is closed
+            log.write(f"{exc}\n")
+            raise
+        except AgentR1Error as exc:
+            log.write(f"error: {exc}\n")
+            raise
+        finally:
+            sys.stdout, sys.stderr, warnings.showwarning = stdout, stderr, show
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM handling during training: the first signal asks the loop to stop at the next
+    safe point (after the current step, with a checkpoint); a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopRequest:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            # Outside the main thread (embedded use) signal.signal raises: signals stay the caller's.
+            with contextlib.suppress(ValueError):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            raise RunInterrupted(
+                f"interrupted again ({signal.Signals(signum).name}) during step; stopped at once without "
+                "a checkpoint for this step. Continue from the last checkpoint with --resume.",
+                exit_code=128 + signum,
+            )
+        self.signum = signum
+        print(
+            f"\n{signal.Signals(signum).name}: finishing the current step, then writing a checkpoint "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, *_: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------
+
+
+def train(
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    *,
+    resume: bool = False,
+    allow_config_change: bool = False,
+) -> dict[str, Any]:
+    """Train as configured; returns the final summary (metrics, before/after eval)."""
+    from agent_r1.engine.session import build_session
+
+    config, components = prepare(config_path, overrides)
+    run_dir = _expand_output_dir(config.output_dir, resume=resume)
+    config.output_dir = str(run_dir)
+    plain = resolved_dict(config, components)
+    _check_run_dir(run_dir, plain, resume=resume, allow_config_change=allow_config_change)
+    started = time.perf_counter()
+    session = build_session(config, components, run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with ExitStack() as stack:
+            if session.is_main:
+                stack.enter_context(_run_log(run_dir / "run.log"))
+            return _train_in(session, components, plain, resume=resume, started=started)
+    except BaseException:
+        if created and not any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints")):
+            _remove_empty_run(run_dir)
+        raise
+
+
+def _remove_empty_run(run_dir: Path) -> None:
+    """A run that failed before its first step leaves nothing behind but its log's lesson."""
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _train_in(
+    session: Any,
+    components: Sequence[ResolvedComponent],
+    plain: dict[str, Any],
+    *,
+    resume: bool,
+    started: float,
+) -> dict[str, Any]:
+    from agent_r1.engine.evaluation import compare_markdown, write_eval_report
+
+    config, run_dir = session.config, session.run_dir
+    if resume:
+        _resume(session, plain)
+    elif session.is_main:
+        (run_dir / "config.json").write_text(json.dumps(plain, indent=2), encoding="utf-8")
+        (run_dir / "provenance.json").write_text(
+            json.dumps(_provenance(components), indent=2), encoding="utf-8"
+        )
+
+    eval_tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
+    before_path = run_dir / "eval_before.json"
+    before: dict[str, Any] | None = None
+    if config.eval.before_training and eval_tasks:
+        if resume and before_path.exists():  # this run's own earlier evaluation
+            before = json.loads(before_path.read_text(encoding="utf-8"))
+        else:
+            before = run_eval(session, eval_tasks, label="before")
+            if session.is_main:
+                write_eval_report(before, run_dir / "eval_before")
+                before_path.write_text(json.dumps(before, indent=2), encoding="utf-8")
+
+    last = _training_loop(session, plain, eval_tasks)
+
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": session.step, "last_metrics": last}
+    if session.is_main:
+        from agent_r1.engine.export import export_final
+
+        summary["final"] = str(export_final(run_dir, session.unwrapped, session.tokenizer, config.model))
+    if eval_tasks:
+        after = run_eval(session, eval_tasks, label="after")
+        summary["after"] = after
+        if session.is_main:
+            write_eval_report(after, run_dir / "eval_after")
+            (run_dir / "eval_after.json").write_text(json.dumps(after, indent=2), encoding="utf-8")
+        if before is not None:
+            summary["before"] = before
+            summary["comparison_markdown"] = compare_markdown(before, after)
+            if session.is_main:
+                (run_dir / "comparison.md").write_text(summary["comparison_markdown"], encoding="utf-8")
+    summary["wall_s"] = time.perf_counter() - started
+    if session.is_main:
+        _write_report(run_dir, plain, summary)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
+        _print_summary(summary)
+    return summary
+
+
+def _resume(session: Any, plain: dict[str, Any]) -> None:
+    """Load the newest good checkpoint (saying which), record a config change, trim the logs."""
+    from agent_r1.engine import checkpoint as ckpt
+
+    run_dir = session.run_dir
+    previous = run_dir / "config.json"
+    if previous.exists() and session.is_main:
+        changes = _config_changes(json.loads(previous.read_text(encoding="utf-8")), plain)
+        if changes:  # allowed by --allow-config-change (checked before the model loaded)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            (run_dir / f"config.resume-{stamp}.json").write_text(
+                json.dumps(plain, indent=2), encoding="utf-8"
+            )
+            with (run_dir / "config_changes.jsonl").open("a", encoding="utf-8") as log:
+                log.write(json.dumps({"time": stamp, "changes": changes}) + "\n")
+    elif session.is_main:
+        previous.write_text(json.dumps(plain, indent=2), encoding="utf-8")
+    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        print(
+            f"--resume: no usable checkpoint in {run_dir / 'checkpoints'}; starting from step 0",
+            file=sys.stderr,
+        )
+    else:
+        session.load_state_dict(ckpt.load_checkpoint(latest))
+        print(f"--resume: continuing from {latest} (step {session.step})", file=sys.stderr)
+    _truncate_jsonl(run_dir / "metrics.jsonl", "step", session.step)
+    _truncate_jsonl(run_dir / "samples.jsonl", "policy_version", session.step - 1)
+
+
+def _training_loop(session: Any, plain: dict[str, Any], eval_tasks: list[Task]) -> dict[str, float]:
+    """Steps until ``trainer.steps``, with trackers, hooks, mid-run evaluation, checkpoints and
+    interrupts; returns the last step's metrics."""
+    from agent_r1.engine.progress import TrainingProgress
+    from agent_r1.engine.trainer import train_step
+
+    config, run_dir, notify = session.config, session.run_dir, session.registry.notify
+    for tracker in session.trackers:
+        tracker.start(run_dir, plain)
+    notify("on_train_start", run_dir=run_dir, config=plain)
+    last: dict[str, float] = {}
+    with ExitStack() as stack:
+        stack.callback(lambda: notify("on_train_end", run_dir=run_dir, metrics=last))
+        for tracker in session.trackers:
+            stack.callback(tracker.close)
+        stop = stack.enter_context(_StopRequest())
+        progress = stack.enter_context(
+            TrainingProgress(config.trainer.steps, start=session.step, enabled=session.is_main)
+        )
+        while session.step < config.trainer.steps:
+            result = train_step(session)
+            step = session.step
+            metrics = result.metrics
+            notify("on_rollout_end", step=step, trajectories=result.trajectories)
+            if config.trainer.eval_every and step % config.trainer.eval_every == 0 and eval_tasks:
+                metrics["eval/success"] = float(run_eval(session, eval_tasks, label=f"step{step}")["success"])
+            for tracker in session.trackers:
+                tracker.log(metrics, step)
+            if session.is_main and result.trajectories:
+                save_trajectories(run_dir / "samples.jsonl", result.trajectories[:2], append=True)
+            notify("on_update_end", step=step, metrics=metrics)
+            last = metrics
+            progress.update(step, metrics)
+            interrupted = _agreed_stop(session, stop)
+            every = config.trainer.checkpoint_every
+            if interrupted or step == config.trainer.steps or (every and step % every == 0):
+                _checkpoint(session, plain)
+            if interrupted:
+                name = signal.Signals(interrupted).name
+                raise RunInterrupted(
+                    f"interrupted ({name}) at step {step}; checkpoint written; continue with --resume",
+                    exit_code=128 + interrupted,
+                )
+    return last
+
+
+def _agreed_stop(session: Any, stop: _StopRequest) -> int:
+    """The signal that asked to stop on any process (0: none), so that every process stops at the
+    same step."""
+    from agent_r1.engine.collect import all_gather
+
+    return max(all_gather(session, [stop.signum or 0]))
+
+
+def _checkpoint(session: Any, plain: dict[str, Any]) -> None:
+    from agent_r1.engine import checkpoint as ckpt
+
+    if not session.is_main:
+        return
+    path = ckpt.save_checkpoint(
+        session.run_dir / "checkpoints",
+        session.step,
+        session.state_dict(),
+        plain,
+        keep=session.config.trainer.keep_checkpoints,
+    )
+    session.registry.notify("on_checkpoint", step=session.step, path=path)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation and rollouts
+# --------------------------------------------------------------------------------------------
+
+
+def run_eval(session: Any, tasks: list[Task], *, label: str) -> dict[str, Any]:
+    """Roll out ``tasks`` with the session's current policy and summarise the result."""
+    from agent_r1.engine.collect import rollout_all
     from agent_r1.engine.evaluation import summarize_eval
 
+    config = session.config
     ev = config.eval
-    trajectories = trainer.collect_all(
-        tasks, ev.samples, seed=config.seed + 424_242, temperature=ev.temperature, salt=f"eval-{label}"
+    trajectories = rollout_all(
+        session,
+        tasks,
+        ev.samples,
+        seed=config.seed + 424_242,
+        temperature=ev.temperature,
+        salt=f"eval-{label}",
+        progress=f"eval {label}",
     )
     ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= ev.samples)
     summary: dict[str, Any] = summarize_eval(
         trajectories, {t.id: t for t in tasks}, success_signal=ev.success_signal, ks=ks
     )
-    summary["step"] = step
+    summary["step"] = session.step
     summary["label"] = label
-    if trainer.is_main:
-        save_trajectories(trainer.run_dir / f"eval_{label}.jsonl", trajectories)
-    trainer.registry.notify("on_eval_end", step=step, report=summary)
+    if session.is_main:
+        save_trajectories(session.run_dir / f"eval_{label}.jsonl", trajectories)
+    session.registry.notify("on_eval_end", step=session.step, report=summary)
     return summary
 
 
-def train(
-    config_path: str | Path | None, overrides: Sequence[str], *, resume: bool = False
+def evaluate(
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    *,
+    checkpoint: Path | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
-    """Train as configured; returns the final summary (metrics, before/after eval)."""
+    """Evaluate the configured (or a checkpoint's) policy on the eval split."""
     from agent_r1.engine import checkpoint as ckpt
-    from agent_r1.engine.evaluation import compare_markdown, write_eval_report
-    from agent_r1.engine.progress import TrainingProgress
-    from agent_r1.engine.trainer import Trainer
+    from agent_r1.engine.evaluation import eval_markdown, write_eval_report
+    from agent_r1.engine.session import build_session
 
     config, components = prepare(config_path, overrides)
-    run_dir = _run_dir(config, resume=resume)
-    started = time.perf_counter()
-    trainer = Trainer(config, components, run_dir)
-    plain = resolved_dict(config, components)
-    if trainer.is_main:
-        (run_dir / "config.json").write_text(json.dumps(plain, indent=2), encoding="utf-8")
-        (run_dir / "provenance.json").write_text(
-            json.dumps(_provenance(components), indent=2), encoding="utf-8"
-        )
-    checkpoints = run_dir / "checkpoints"
-    if resume:
-        latest = ckpt.latest_checkpoint(checkpoints)
-        if latest is None:
-            warnings.warn(
-                f"--resume: no usable checkpoint in {checkpoints}; starting from step 0", stacklevel=2
-            )
-        else:
-            trainer.load_state_dict(ckpt.load_checkpoint(latest))
-        _truncate_jsonl(run_dir / "metrics.jsonl", "step", trainer.step)
-        _truncate_jsonl(run_dir / "samples.jsonl", "policy_version", trainer.step)
+    state = None
+    if checkpoint is not None:
+        path = Path(checkpoint)
+        if (path / "checkpoints").is_dir():
+            path = ckpt.latest_checkpoint(path / "checkpoints") or path
+        state = ckpt.load_checkpoint(path)
+    out = Path(out or _expand_output_dir(config.output_dir, resume=True) / "eval")
+    session = build_session(config, components, out, training=False)
+    if state is not None:
+        session.load_state_dict(state)
+    tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
+    if not tasks:
+        raise AgentR1Error(f"the dataset has no tasks in split {config.eval.split!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    summary = run_eval(session, tasks, label="eval")
+    write_eval_report(summary, out)
+    return {"summary": summary, "markdown": eval_markdown(summary)}
 
-    eval_tasks = trainer.dataset.load(config.eval.split)[: config.eval.num_tasks]
-    before_path = run_dir / "eval_before.json"
-    before: dict[str, Any] | None = None
-    if config.eval.before_training and eval_tasks:
-        if before_path.exists():
-            before = json.loads(before_path.read_text(encoding="utf-8"))
-        else:
-            before = run_eval(trainer, config, eval_tasks, step=trainer.step, label="before")
-            if trainer.is_main:
-                write_eval_report(before, run_dir / "eval_before")
-                before_path.write_text(json.dumps(before, indent=2), encoding="utf-8")
 
-    for tracker in trainer.trackers:
-        tracker.start(run_dir, plain)
-    trainer.registry.notify("on_train_start", run_dir=run_dir, config=plain)
-    last: dict[str, float] = {}
-    with ExitStack() as stack:
-        progress = stack.enter_context(
-            TrainingProgress(config.trainer.steps, start=trainer.step, enabled=trainer.is_main)
-        )
-        try:
-            while trainer.step < config.trainer.steps:
-                metrics = trainer.train_step()
-                step = int(metrics["step"])
-                if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0 and eval_tasks:
-                    mid = run_eval(trainer, config, eval_tasks, step=step, label=f"step{step + 1}")
-                    metrics["eval/success"] = float(mid["success"])
-                for tracker in trainer.trackers:
-                    tracker.log(metrics, step)
-                if trainer.is_main and trainer.last_trajectories:
-                    save_trajectories(run_dir / "samples.jsonl", trainer.last_trajectories[:2], append=True)
-                trainer.registry.notify("on_update_end", step=step, metrics=metrics)
-                last = metrics
-                progress.update(trainer.step, metrics)
-                every = config.trainer.checkpoint_every
-                if trainer.is_main and (
-                    trainer.step == config.trainer.steps or (every and trainer.step % every == 0)
-                ):
-                    path = ckpt.save_checkpoint(
-                        checkpoints,
-                        trainer.step,
-                        trainer.state_dict(),
-                        plain,
-                        keep=config.trainer.keep_checkpoints,
-                    )
-                    trainer.registry.notify("on_checkpoint", step=trainer.step, path=path)
-        finally:
-            for tracker in trainer.trackers:
-                tracker.close()
-            trainer.registry.notify("on_train_end", run_dir=run_dir, metrics=last)
+def collect(
+    config_path: str | Path | None,
+    overrides: Sequence[str],
+    *,
+    out: Path,
+    split: str = "train",
+    num_tasks: int = 8,
+) -> int:
+    """Roll out ``num_tasks`` tasks of ``split`` with the configured model; write JSONL."""
+    from agent_r1.engine.collect import rollout
+    from agent_r1.engine.session import build_session
 
-    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": trainer.step, "last_metrics": last}
-    if eval_tasks:
-        after = run_eval(trainer, config, eval_tasks, step=trainer.step, label="after")
-        summary["after"] = after
-        if trainer.is_main:
-            write_eval_report(after, run_dir / "eval_after")
-            (run_dir / "eval_after.json").write_text(json.dumps(after, indent=2), encoding="utf-8")
-        if before is not None:
-            summary["before"] = before
-            comparison = compare_markdown(before, after)
-            summary["comparison_markdown"] = comparison
-            if trainer.is_main:
-                (run_dir / "comparison.md").write_text(comparison, encoding="utf-8")
-    summary["wall_s"] = time.perf_counter() - started
-    if trainer.is_main:
-        _write_report(run_dir, plain, summary)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-        _print_summary(summary)
-    return summary
+    config, components = prepare(config_path, overrides)
+    session = build_session(config, components, Path(out).parent, training=False)
+    tasks = session.dataset.load(split)[:num_tasks]
+    if not tasks:
+        raise AgentR1Error(f"the dataset has no tasks in split {split!r}")
+    trajectories = rollout(
+        session,
+        tasks,
+        config.rollout.group_size,
+        seed=config.seed,
+        temperature=config.rollout.temperature,
+        salt="collect",
+        progress="rollout",
+    )
+    return save_trajectories(out, trajectories)
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------
 
 
 def _provenance(components: Sequence[ResolvedComponent]) -> list[dict[str, str]]:
@@ -217,12 +531,12 @@ def _write_report(run_dir: Path, config: dict[str, Any], summary: dict[str, Any]
     from agent_r1.engine.report import load_metrics, plot_curves, write_html_report
 
     metrics = load_metrics(run_dir / "metrics.jsonl")
-    png = run_dir / "reward_curve.png"
+    png: Path | None = run_dir / "reward_curve.png"
     try:
         plot_curves(metrics, png)
-    except Exception as exc:  # a plotting problem must not lose the run's results
+    except Exception as exc:  # a plotting problem must not lose the run's results: warned, logged
         warnings.warn(f"could not draw {png}: {exc}", stacklevel=2)
-        png = None  # type: ignore[assignment]
+        png = None
     write_html_report(run_dir, config, metrics, summary.get("before"), summary.get("after"), png)
 
 
@@ -234,62 +548,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
     if "comparison_markdown" in summary:
         console.print(Markdown(summary["comparison_markdown"]))
     console.print(f"run directory: {summary['run_dir']}  (report.html, reward_curve.png, metrics.jsonl)")
+    if "final" in summary:
+        console.print(
+            f"trained model: {summary['final']}  (load it with AutoModelForCausalLM.from_pretrained)"
+        )
     console.print(f"wall time: {summary['wall_s']:.0f} s")
-
-
-def evaluate(
-    config_path: str | Path | None,
-    overrides: Sequence[str],
-    *,
-    checkpoint: Path | None = None,
-    out: Path | None = None,
-) -> dict[str, Any]:
-    """Evaluate the configured (or a checkpoint's) policy on the eval split."""
-    from agent_r1.engine import checkpoint as ckpt
-    from agent_r1.engine.evaluation import eval_markdown, write_eval_report
-    from agent_r1.engine.trainer import Trainer
-
-    config, components = prepare(config_path, overrides)
-    out = Path(out or _expand_output_dir(config.output_dir, resume=True) / "eval")
-    out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config, components, out)
-    if checkpoint is not None:
-        path = Path(checkpoint)
-        if (path / "checkpoints").is_dir():
-            path = ckpt.latest_checkpoint(path / "checkpoints") or path
-        state = ckpt.load_checkpoint(path)
-        trainer.unwrapped.load_state_dict(state["model"])
-        trainer.backend.sync_weights(trainer.unwrapped, state["step"])
-    tasks = trainer.dataset.load(config.eval.split)[: config.eval.num_tasks]
-    if not tasks:
-        raise AgentR1Error(f"the dataset has no tasks in split {config.eval.split!r}")
-    summary = run_eval(trainer, config, tasks, step=trainer.step, label="eval")
-    write_eval_report(summary, out)
-    return {"summary": summary, "markdown": eval_markdown(summary)}
-
-
-def collect(
-    config_path: str | Path | None,
-    overrides: Sequence[str],
-    *,
-    out: Path,
-    split: str = "train",
-    num_tasks: int = 8,
-) -> int:
-    """Roll out ``num_tasks`` tasks of ``split`` with the configured model; write JSONL."""
-    from agent_r1.engine.trainer import Trainer
-
-    config, components = prepare(config_path, overrides)
-    run_dir = Path(out).parent
-    trainer = Trainer(config, components, run_dir)
-    tasks = trainer.dataset.load(split)[:num_tasks]
-    if not tasks:
-        raise AgentR1Error(f"the dataset has no tasks in split {split!r}")
-    trajectories = trainer.collect(
-        tasks,
-        config.rollout.group_size,
-        seed=config.seed,
-        temperature=config.rollout.temperature,
-        salt="collect",
-    )
-    return save_trajectories(out, trajectories)

@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from agent_r1.errors import TrajectoryError
 from agent_r1.mdp import Step, TokenSource, Trajectory, iter_trajectories
 
 SOURCE_STYLES: dict[TokenSource, str] = {
@@ -153,6 +154,49 @@ def render_trajectory(trajectory: Trajectory, *, tokenizer: Any = None) -> Panel
     return Panel(Group(*parts), title=f"trajectory {trajectory.id}", title_align="left")
 
 
+def _not_trajectories(path: Path, why: str) -> TrajectoryError:
+    return TrajectoryError(
+        f"{path} is not a trajectory file: {why}. `agent-r1 view` reads the JSONL files of trajectories "
+        "that agent-r1 writes: <run>/samples.jsonl, <run>/eval_before.jsonl, <run>/eval_after.jsonl, "
+        "or the --out file of `agent-r1 rollout`."
+    )
+
+
+def check_trajectory_file(path: str | Path) -> None:
+    """Raise :class:`~agent_r1.TrajectoryError` saying so when ``path`` is clearly not a file of
+    trajectories: binary data, text that is not JSON, or JSON whose first record is not a
+    trajectory. A real trajectory file with one bad line later is left to the reader, which names
+    that line."""
+    from pydantic import ValidationError
+
+    path = Path(path)
+    with path.open("rb") as handle:
+        first = b""
+        for raw in handle:
+            if raw.strip():
+                first = raw
+                break
+    if not first:
+        return
+    try:
+        line = first.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _not_trajectories(path, "it holds binary data, not JSON lines") from None
+    try:
+        Trajectory.from_json_line(line)
+    except TrajectoryError:
+        raise  # a newer schema: its own message says to upgrade
+    except ValidationError as exc:
+        errors = exc.errors()
+        fields = ", ".join(".".join(str(p) for p in error["loc"]) or "<root>" for error in errors[:4])
+        more = f" and {len(errors) - 4} more" if len(errors) > 4 else ""
+        raise _not_trajectories(
+            path, f"its first record has unexpected or missing fields ({fields}{more})"
+        ) from None
+    except ValueError as exc:
+        raise _not_trajectories(path, f"its first line is not a JSON trajectory ({exc})") from None
+
+
 def show_trajectories(
     path: str | Path, limit: int = 3, *, console: Console | None = None, tokenizer: Any = None
 ) -> int:
@@ -162,6 +206,7 @@ def show_trajectories(
     ``tokenizer`` (anything with ``decode(list[int]) -> str``) the token stream is shown too,
     coloured by provenance.
     """
+    check_trajectory_file(path)
     console = console or Console()
     legend = Text("tokens: ")
     for source in TokenSource:

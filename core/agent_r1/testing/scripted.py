@@ -27,7 +27,7 @@ from typing import Any
 
 from agent_r1.contracts import ComponentConfig, Generation, RolloutBackend, SamplingParams
 
-__all__ = ["ScriptedBackend"]
+__all__ = ["ScriptedBackend", "scripted_rollout"]
 
 Script = Sequence[str] | Callable[[str], str]
 """Either one text per backend call (the engine makes one call per turn, so: one text per turn,
@@ -108,3 +108,49 @@ class ScriptedBackend(RolloutBackend):
             finish_reason=finish,  # type: ignore[arg-type]
             stop_sequence=stop_sequence,
         )
+
+
+def scripted_rollout(
+    environment: Any,
+    responses: Script,
+    tasks: Any,
+    *,
+    tokenizer: Any = None,
+    max_turns: int = 4,
+    max_new_tokens: int = 256,
+    max_context: int = 4096,
+    seed: int = 0,
+) -> list[Any]:
+    """Roll out ``tasks`` (a :class:`~agent_r1.mdp.Task` or a list) once each through the real
+    rollout engine, with the policy saying ``responses`` (see :data:`Script`); returns the
+    trajectories. ``environment`` is an environment instance, class or factory (called once per
+    episode); ``tokenizer`` defaults to the tiny test tokenizer. One import for a plugin test::
+
+        from agent_r1.testing import scripted_rollout
+
+        [trajectory] = scripted_rollout(MyEnv, ["<calc>2+3</calc>", "<answer>5</answer>"], task)
+        assert trajectory.steps[-1].action.answer == "5"
+    """
+    from agent_r1.contracts import Environment
+    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.mdp import Task
+
+    if tokenizer is None:
+        from agent_r1.testing.models import tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+    if isinstance(environment, Environment):
+        instance = environment
+        factory: Callable[[], Any] = lambda: instance  # noqa: E731
+    else:
+        factory = environment
+    engine = RolloutEngine(
+        ScriptedBackend(tokenizer=tokenizer, responses=responses),
+        tokenizer,
+        factory,
+        max_turns=max_turns,
+        max_new_tokens=max_new_tokens,
+        max_context=max_context,
+    )
+    batch = [tasks] if isinstance(tasks, Task) else list(tasks)
+    return engine.collect(batch, 1, seed=seed)

@@ -46,7 +46,8 @@ class ToyDataset(Dataset):
 
 
 class ToyEnv(Environment):
-    """One action, then the episode ends; the action text is recorded as the answer."""
+    """One action, then the episode ends; the action text is the answer (returned in the
+    observation, which the engine records in the action)."""
 
     name = "toy_single_turn"
 
@@ -54,8 +55,7 @@ class ToyEnv(Environment):
         return EpisodeStart(messages=list(task.messages))
 
     async def step(self, action: Action, turn: int) -> Observation:
-        action.answer = action.text
-        return Observation(done=True, termination="answer")
+        return Observation(done=True, termination="answer", answer=action.text)
 
 
 class TargetCharReward(RewardShaper):

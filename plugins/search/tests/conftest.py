@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -43,11 +44,11 @@ def _read_lines(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-@pytest.fixture(scope="session")
-def search_server(search_cache: Path) -> Iterator[str]:
-    """``agent-r1-search serve`` over the bundled HotpotQA corpus on a free port; yields its URL."""
+@contextmanager
+def serving(search_cache: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``agent-r1-search serve --port 0 ARGS`` in a subprocess; yields its URL and the process."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "agent_r1_plugin_search", "serve", "--corpus", "hotpotqa", "--port", "0"],
+        [sys.executable, "-m", "agent_r1_plugin_search", "serve", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -65,7 +66,7 @@ def search_server(search_cache: Path) -> Iterator[str]:
             seen.append(line)
             if "serving on " in line:
                 url = line.split("serving on ", 1)[1].strip()
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:
@@ -73,6 +74,19 @@ def search_server(search_cache: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def serve_search() -> object:
+    """:func:`serving`, for tests that start a server with options of their own."""
+    return serving
+
+
+@pytest.fixture(scope="session")
+def search_server(search_cache: Path) -> Iterator[str]:
+    """``agent-r1-search serve`` over the bundled HotpotQA corpus on a free port; yields its URL."""
+    with serving(search_cache, "--corpus", "hotpotqa") as (url, _):
+        yield url
 
 
 class _GarbageHandler(BaseHTTPRequestHandler):

@@ -141,7 +141,9 @@ def test_bm25_search_edge_cases(hotpot_bm25: BM25Retriever) -> None:
 def test_retriever_config_errors() -> None:
     with pytest.raises(RetrievalError, match="kind='http' needs url"):
         build_retriever({"kind": "http"})
-    with pytest.raises(RetrievalError, match="kind: Input should be 'bm25', 'dense' or 'http'"):
+    with pytest.raises(RetrievalError, match="kind: Input should be 'bm25', 'dense', 'faiss' or 'http'"):
+        build_retriever({"kind": "elastic"})
+    with pytest.raises(RetrievalError, match="kind='faiss' needs index"):
         build_retriever({"kind": "faiss"})
     with pytest.raises(RetrievalError, match="stemmer"):
         build_retriever({"stemmer": "porter"})

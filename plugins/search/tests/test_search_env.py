@@ -40,6 +40,13 @@ def _episode(env, texts: list[str]) -> Trajectory:
         for turn, text in enumerate(texts):
             action = Action(text=text, finish_reason="stop")
             observation = await env.step(action, turn)
+            # as the engine does: what the environment parsed is recorded on the action
+            parsed = {
+                name: getattr(observation, name)
+                for name in ("tool_calls", "answer", "parse_errors")
+                if getattr(observation, name) is not None
+            }
+            action = action.model_copy(update=parsed)
             steps.append(Step(turn=turn, action=action, observation=observation))
             if observation.done:
                 break
@@ -143,16 +150,60 @@ def test_bad_calls_are_shown_to_the_agent() -> None:
     assert scores["qa_em"] == [(None, 1.0)]
 
 
-def test_retrieval_failure_aborts_or_is_shown(closed_port: int) -> None:
+def test_retrieval_failure_aborts_the_run_by_default(closed_port: int) -> None:
+    """``on_retrieval_error: raise`` (the default) raises EnvironmentFatalError, which the engine turns
+    into an abort whatever its own on_env_error says."""
+    from agent_r1.errors import EnvironmentFatalError
+
+    retriever = {"kind": "http", "url": f"http://127.0.0.1:{closed_port}", "retries": 0}
+    with pytest.raises(EnvironmentFatalError) as error:
+        _episode(_env(retriever=retriever), ["<search>Tinted Windows</search>"])
+    message = str(error.value)
+    assert message.startswith("search_qa turn 0: the search tool failed and environment.on_retrieval_error")
+    assert (
+        f"retrieval server http://127.0.0.1:{closed_port}/retrieve is unreachable after 1 attempts" in message
+    )
+    assert "'env_error'" in message and "'show'" in message  # what to do instead
+
+
+def test_retrieval_failure_as_environment_error_or_shown(closed_port: int) -> None:
+    from agent_r1.errors import EnvironmentFatalError, ToolInfrastructureError
+
     retriever = {"kind": "http", "url": f"http://127.0.0.1:{closed_port}", "retries": 0}
     action = "<search>Tinted Windows</search>"
-    from agent_r1_plugin_search.retrievers import RetrievalError
-
-    with pytest.raises(RetrievalError, match=r"search_qa turn 0: the search tool failed: retrieval server"):
-        _episode(_env(retriever=retriever), [action])
+    with pytest.raises(ToolInfrastructureError, match="is unreachable after 1 attempts") as error:
+        _episode(_env(retriever=retriever, on_retrieval_error="env_error"), [action])
+    assert not isinstance(error.value, EnvironmentFatalError)
     trajectory = _episode(_env(retriever=retriever, on_retrieval_error="show"), [action])
     (result,) = trajectory.steps[0].observation.tool_results
-    assert not result.ok and "is unreachable after 1 attempts" in result.content
+    assert not result.ok and result.content.startswith("Error: search failed: retrieval server")
+    assert "is unreachable after 1 attempts" in result.content
+
+
+def test_missing_corpus_is_an_infrastructure_error_not_an_observation(tmp_path) -> None:
+    """In the generic tool_env (no on_retrieval_error of its own) the search tool's infrastructure
+    failure is not shown to the policy: the step raises ToolInfrastructureError."""
+    from agent_r1.errors import ToolInfrastructureError
+
+    missing = tmp_path / "gone.jsonl"
+    env = get_registry().build(
+        "environments", "tool_env", {"tools": [{"name": "search", "retriever": {"corpus": str(missing)}}]}
+    )
+    with pytest.raises(ToolInfrastructureError, match=r"corpus file '.*gone.jsonl' does not exist"):
+        _episode(env, ["<search>Tinted Windows</search>"])
+
+
+def test_search_tool_raises_infrastructure_error_itself(closed_port: int) -> None:
+    from agent_r1 import ToolError
+    from agent_r1.errors import ToolInfrastructureError
+    from agent_r1_plugin_search.tool import SearchTool
+
+    retriever = {"kind": "http", "url": f"http://127.0.0.1:{closed_port}", "retries": 0}
+    with pytest.raises(ToolInfrastructureError, match="search tool: retrieval failed: retrieval server"):
+        asyncio.run(SearchTool({"retriever": retriever}).run({"query": "x"}))
+    with pytest.raises(ToolError, match="search failed: retrieval server") as shown:
+        asyncio.run(SearchTool({"retriever": retriever, "show_errors": True}).run({"query": "x"}))
+    assert not isinstance(shown.value, ToolInfrastructureError)
 
 
 def test_search_tool_in_the_generic_tool_env() -> None:
@@ -220,3 +271,67 @@ def test_example_run_config_validates() -> None:
     assert config.eval.success_signal == "qa_em"  # eval success is the plugin's exact match
     env = registry.build("environments", "search_qa", config.environment.options)
     assert env.tools["search"].config.topk == 3
+
+
+@pytest.mark.parametrize("mode", ["raise", "env_error"])
+def test_retrieval_failure_through_the_rollout_engine(closed_port: int, mode: str) -> None:
+    """The real rollout engine, a scripted policy and a dead retrieval server: ``raise`` aborts the
+    rollout even under the engine's lenient ``on_env_error='end'``; ``env_error`` ends the episode
+    as an environment error and the policy never reads the failure."""
+    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.errors import EnvironmentFatalError
+    from agent_r1.testing.models import tiny_tokenizer
+    from agent_r1.testing.scripted import ScriptedBackend
+
+    retriever = {"kind": "http", "url": f"http://127.0.0.1:{closed_port}", "retries": 0}
+    tokenizer = tiny_tokenizer()
+    backend = ScriptedBackend(
+        tokenizer=tokenizer, responses=["<search>Tinted Windows</search>", "<answer>x</answer>"]
+    )
+    engine = RolloutEngine(
+        backend,
+        tokenizer,
+        lambda: _env(retriever=retriever, on_retrieval_error=mode),
+        max_turns=2,
+        on_env_error="end",
+    )
+    if mode == "raise":
+        with pytest.raises(EnvironmentFatalError, match="on_retrieval_error is 'raise', so the run stops"):
+            engine.collect([TASK], group_size=1, seed=0)
+        return
+    (trajectory,) = engine.collect([TASK], group_size=1, seed=0)
+    (step,) = trajectory.steps
+    assert step.observation.termination == "env_error" and step.observation.messages == []
+    assert "is unreachable after 1 attempts" in trajectory.errors[0]
+
+
+def test_search_r1_layout() -> None:
+    """Search-R1's prompt as the whole user message, its result lines in <information>, and a turn
+    with neither a search nor an answer goes on (Search-R1 answers it and continues)."""
+    from agent_r1_plugin_search.env import SEARCH_R1_TEMPLATE
+
+    env = _env(layout="search_r1")
+    start = asyncio.run(env.reset(TASK))
+    question = TASK.messages[0]["content"]
+    assert start.messages == [{"role": "user", "content": SEARCH_R1_TEMPLATE.format(question=question)}]
+    assert start.messages[0]["content"].startswith("Answer the given question. You must conduct reasoning")
+    assert start.messages[0]["content"].endswith(f"Question: {question}\n")
+    trajectory = _episode(
+        env, ["<think>hm</think>", "<search> Tinted Windows band </search>", "<answer> Tulsa </answer>"]
+    )
+    wandering, searched, answered = trajectory.steps
+    assert not wandering.observation.done  # no search, no answer: the episode goes on
+    (message,) = searched.observation.messages
+    assert message["role"] == "user"
+    body = message["content"]
+    assert body.startswith('<information>Doc 1(Title: "Tinted Windows') and body.endswith("</information>")
+    assert body.count('\nDoc 2(Title: "') == 1 and body.count('\nDoc 3(Title: "') == 1
+    titles = searched.observation.info["search"][0]["titles"]
+    from agent_r1_plugin_search.tool import titles_from_text
+
+    assert titles_from_text(searched.observation.tool_results[0].content) == titles  # both styles parse
+    assert answered.observation.termination == "answer" and _scores(trajectory)["qa_em"] == [(None, 1.0)]
+    from agent_r1 import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="layout 'search_r1' needs the tags format"):
+        _env(layout="search_r1", format="hermes")

@@ -85,19 +85,32 @@ def test_no_answer_scores_zero_and_no_gold_gives_no_signal() -> None:
     assert _values(ExactMatchReward(), _trajectory(_answer_step(0, "x")), _task(answer=None)) == []
 
 
-def test_final_answer_sources() -> None:
-    # the format's parsed answer wins; else the last <answer> span of the final action's text
+def test_final_answer_is_the_last_actions() -> None:
+    # the format's parsed answer of the last step (agent_r1.rewards.final_answer); tags in the text
+    # that no format parsed are not an answer
     assert final_answer(_trajectory(_answer_step(0, "parsed", text="<answer>text</answer>"))) == "parsed"
-    fallback = _trajectory(_answer_step(0, None, text="<answer>one</answer> then <answer> two </answer>"))
-    assert final_answer(fallback) == "two"
+    unparsed = _trajectory(_answer_step(0, None, text="<answer>one</answer> then <answer> two </answer>"))
+    assert final_answer(unparsed) is None
     assert final_answer(_trajectory()) is None
 
 
-def test_accents_option() -> None:
+def test_normalization_and_accents_options() -> None:
     trajectory = _trajectory(_answer_step(0, "Rene"))
     task = _task(answer=["René"])
-    assert _values(ExactMatchReward(), trajectory, task) == [(None, 1.0)]
-    assert _values(ExactMatchReward({"keep_accents": True}), trajectory, task) == [(None, 0.0)]
+    assert _values(ExactMatchReward(), trajectory, task) == [(None, 0.0)]  # official: accents kept
+    assert _values(ExactMatchReward({"normalization": "robust"}), trajectory, task) == [(None, 1.0)]
+    robust_with_accents = ExactMatchReward({"normalization": "robust", "keep_accents": True})
+    assert _values(robust_with_accents, trajectory, task) == [(None, 0.0)]
+
+
+def test_no_process_reward_for_a_search_the_agent_never_saw() -> None:
+    # The last turn allowed (max_turns) runs its search, but the episode ends there: the agent never
+    # reads the results, so neither process reward pays for it.
+    last = _search_step(1, "Miquette Giraudy", ["A (film)", "B"])
+    last.observation.done, last.observation.termination = True, "max_turns"
+    trajectory = _trajectory(_search_step(0, "Green album", ["Other"]), last)
+    assert _values(ValidSearchReward(), trajectory) == [(0, 1.0)]
+    assert _values(GoldRetrievalReward(), trajectory) == []
 
 
 def test_format_reward() -> None:

@@ -3,7 +3,7 @@
 The public names below are imported lazily (on first attribute access), so that loading the plugin
 through its entry point stays cheap::
 
-    from agent_r1_plugin_search import BM25Retriever, exact_match
+    from agent_r1_plugin_search import BM25Retriever, exact_match   # exact_match: agent_r1.rewards
 
     retriever = BM25Retriever.from_corpus("hotpotqa")
     hits = retriever.search(["Tinted Windows first performance"], topk=3)[0]
@@ -31,15 +31,15 @@ _EXPORTS = {
     "build_retriever": "retrievers",
     "get_retriever": "retrievers",
     "ProtocolError": "protocol",
-    "normalize_answer": "metrics",
-    "exact_match": "metrics",
-    "f1_score": "metrics",
-    "substring_match": "metrics",
+    "normalize_answer": "agent_r1.rewards",
+    "exact_match": "agent_r1.rewards",
+    "f1_score": "agent_r1.rewards",
+    "substring_match": "agent_r1.rewards",
     "SearchTool": "tool",
     "SearchRecord": "tool",
     "format_hits": "tool",
     "SearchQAEnv": "env",
-    "final_answer": "rewards",
+    "final_answer": "agent_r1.rewards",
     "retrieval_recall": "evaluation",
     "create_app": "server",
     "serve": "server",
@@ -52,7 +52,9 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'agent_r1_plugin_search' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"agent_r1_plugin_search.{module}"), name)
+    # The answer metrics live in the core (one definition for every reward and report).
+    path = module if "." in module else f"agent_r1_plugin_search.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value
 

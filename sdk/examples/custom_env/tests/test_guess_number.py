@@ -38,7 +38,8 @@ def test_higher_lower_then_found() -> None:
     assert _texts(observations) == ["Lower.", "Higher.", ""]
     assert [o.done for o in observations] == [False, False, True]
     assert observations[-1].termination == "answer"
-    assert [a.answer for a in actions] == [None, None, "37"]
+    assert [o.answer for o in observations] == [None, None, "37"]
+    assert all(a.answer is None for a in actions)  # the environment leaves the action alone
 
 
 def test_an_invalid_guess_is_explained_and_can_cost_a_process_reward() -> None:

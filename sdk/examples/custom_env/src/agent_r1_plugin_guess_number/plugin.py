@@ -16,8 +16,9 @@ The engine makes one environment instance per episode, so the instance keeps the
 (the secret, the range, the guesses). ``reset`` and ``step`` are ``async`` because real
 environments wait on tools or servers; this one does not need to, but keeps the contract.
 
-Success is scored by the bundled ``answer_match`` reward shaper: a correct guess sets
-``action.answer``, and the task's ``answer`` is the secret.
+Success is scored by the bundled ``answer_match`` reward shaper: a correct guess is returned as
+``observation.answer`` (the engine records it as the action's ``answer``), and the task's
+``answer`` is the secret.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class GuessNumberEnv(Environment):
     ``["high"]`` (the config's ``low``/``high`` when absent).
 
     Each step reads the last ``<guess>N</guess>`` of the action. A correct guess ends the episode
-    (termination ``answer``, and ``action.answer`` is the guess); otherwise the environment replies
+    (termination ``answer``, and ``observation.answer`` is the guess); otherwise the environment replies
     ``Higher.`` or ``Lower.``. An action without a valid guess in the range gets an explanation (and
     ``invalid_guess_reward`` as a process reward, when non-zero). After ``max_turns`` actions the
     episode ends with termination ``max_turns``.
@@ -96,7 +97,6 @@ class GuessNumberEnv(Environment):
             problem = (
                 f"Write one guess as <guess>number</guess>, a whole number from {self.low} to {self.high}."
             )
-            action.parse_errors = [problem]
             rewards = []
             if self.config.invalid_guess_reward:
                 rewards.append(
@@ -108,24 +108,34 @@ class GuessNumberEnv(Environment):
                         source=self.name,
                     )
                 )
-            return self._reply(problem, rewards=rewards, done=last_turn, info={"valid": False})
+            return self._reply(
+                problem, rewards=rewards, done=last_turn, info={"valid": False}, parse_errors=[problem]
+            )
         self.guesses.append(guess)
         if guess == self.secret:
-            action.answer = str(guess)
-            return Observation(done=True, termination="answer", info={"valid": True, "guess": guess})
+            info = {"valid": True, "guess": guess}
+            return Observation(done=True, termination="answer", info=info, answer=str(guess), parse_errors=[])
         feedback = "Higher." if guess < self.secret else "Lower."
         return self._reply(feedback, done=last_turn, info={"valid": True, "guess": guess})
 
     def _reply(
-        self, text: str, *, done: bool, info: dict[str, Any], rewards: list[RewardSignal] | None = None
+        self,
+        text: str,
+        *,
+        done: bool,
+        info: dict[str, Any],
+        rewards: list[RewardSignal] | None = None,
+        parse_errors: list[str] | None = None,
     ) -> Observation:
         # A final observation carries no messages: the engine adds no tokens after the last action.
+        # What was read from the action goes back in the observation; the action is the engine's.
         return Observation(
             messages=[] if done else [{"role": "user", "content": text}],
             rewards=rewards or [],
             done=done,
             termination="max_turns" if done else None,
             info=info,
+            parse_errors=parse_errors or [],
         )
 
 

@@ -1,0 +1,204 @@
+"""Collect one step's experience: roll out, score, and apply the algorithm's sampling options.
+
+Read top to bottom:
+
+1. :func:`collect` takes this process's share of ``trainer.tasks_per_step`` tasks and rolls each
+   out ``rollout.group_size`` times with the current policy (:func:`rollout`);
+2. every trajectory is scored by the reward shapers, each signal multiplied by the shaper's weight
+   (:func:`score`); an episode whose environment or reward shaper raised is set aside (it carries
+   no loss) and counted, and the caller decides whether the share of such episodes stops the run;
+3. DAPO's dynamic sampling (``algorithm.dynamic_sampling``) drops groups whose scores all agree
+   and rolls out fresh tasks to refill, up to ``algorithm.max_refill_rounds`` rounds;
+4. ReMax (an estimator with ``needs_baseline_rollout``) gets one greedy rollout per task, whose
+   score becomes each trajectory's ``baseline_score``.
+
+No hooks, trackers or files here: the runner owns those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from agent_r1.engine.session import Session
+from agent_r1.errors import AgentR1Error
+from agent_r1.mdp import Task, Trajectory
+
+__all__ = ["all_gather", "collect", "flat_groups", "rollout", "rollout_all", "score", "step_seed"]
+
+T = TypeVar("T")
+
+
+def step_seed(session: Session, step: int, round_: int = 0) -> int:
+    """The sampling seed of one rollout round of ``step`` on this process."""
+    return (session.config.seed * 1_000_003 + step * 9_973 + round_ * 101 + session.rank * 7) % 2**31
+
+
+def rollout(
+    session: Session,
+    tasks: list[Task],
+    group_size: int,
+    *,
+    seed: int,
+    temperature: float,
+    salt: str,
+    progress: str | None = None,
+) -> list[Trajectory]:
+    """Roll out ``tasks`` (each ``group_size`` times) with the current policy, then score them.
+    ``progress`` labels a progress bar of finished episodes (main process only)."""
+    from agent_r1.engine.progress import EpisodeProgress
+
+    session.unwrapped.eval()
+    with EpisodeProgress(progress or "", enabled=progress is not None and session.is_main) as bar:
+        engine = session.rollout_engine(temperature=temperature, on_progress=bar.update)
+        with torch.no_grad():
+            trajectories: list[Trajectory] = engine.collect(
+                tasks, group_size, seed=seed, policy_version=session.step, group_salt=salt
+            )
+    score(session, trajectories, {t.id: t for t in tasks})
+    return trajectories
+
+
+def rollout_all(
+    session: Session,
+    tasks: list[Task],
+    group_size: int,
+    *,
+    seed: int,
+    temperature: float,
+    salt: str,
+    progress: str | None = None,
+) -> list[Trajectory]:
+    """:func:`rollout` with the tasks shared out across processes; every process gets all
+    trajectories back (evaluation)."""
+    mine = rollout(
+        session,
+        tasks[session.rank :: session.world],
+        group_size,
+        seed=seed,
+        temperature=temperature,
+        salt=salt,
+        progress=progress,
+    )
+    return all_gather(session, mine)
+
+
+def all_gather(session: Session, local: list[T]) -> list[T]:
+    """Every process's items (trajectories...), in rank order, on every process."""
+    if session.world == 1:
+        return list(local)
+    from accelerate.utils import gather_object
+
+    gathered: list[T] = gather_object(local)
+    return gathered
+
+
+def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> None:
+    """Add every shaper's signals (times its configured weight) to each trajectory."""
+    for trajectory in trajectories:
+        task = tasks[trajectory.task_id]
+        for shaper, weight in session.shapers:
+            try:
+                signals = _run_async(shaper.score(trajectory, task)) or []
+            except AgentR1Error:
+                raise
+            except Exception as exc:  # counted; the runner stops when too many episodes fail
+                trajectory.errors.append(
+                    f"reward shaper {shaper.name!r} raised on task {task.id!r} (trajectory "
+                    f"{trajectory.id!r}): {type(exc).__name__}: {exc}"
+                )
+                trajectory.metrics["reward_errors"] = trajectory.metrics.get("reward_errors", 0.0) + 1
+                continue
+            for signal in signals:
+                signal.weight = weight * signal.weight
+                signal.source = signal.source or shaper.name
+            trajectory.rewards.extend(signals)
+
+
+def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    """This process's scored trajectories for training step ``step``, the episodes set aside because
+    their environment or a reward shaper failed, and rollout metrics."""
+    config = session.config
+    group_size, temperature = config.rollout.group_size, config.rollout.temperature
+    started = time.perf_counter()
+    tasks = _my_tasks(session)
+    seen = {t.id: t for t in tasks}
+    trajectories = rollout(
+        session, tasks, group_size, seed=step_seed(session, step), temperature=temperature, salt=f"s{step}"
+    )
+    metrics: dict[str, float] = {"time/env_s": _env_seconds(trajectories)}
+    failed = [t for t in trajectories if t.errors]
+    trajectories = [t for t in trajectories if not t.errors]
+    flat = flat_groups(trajectories)
+    metrics["batch/zero_variance_groups"] = len(flat) / max(len(tasks), 1)
+
+    if config.algorithm.dynamic_sampling and group_size > 1:  # DAPO: refill with informative groups
+        kept = [t for t in trajectories if t.group_id not in flat]
+        rounds = 0
+        while len({t.group_id for t in kept}) < len(tasks) and rounds < config.algorithm.max_refill_rounds:
+            rounds += 1
+            more = _my_tasks(session)
+            seen.update((t.id, t) for t in more)
+            extra = rollout(
+                session,
+                more,
+                group_size,
+                seed=step_seed(session, step, rounds),
+                temperature=temperature,
+                salt=f"s{step}r{rounds}",
+            )
+            metrics["time/env_s"] += _env_seconds(extra)
+            failed += [t for t in extra if t.errors]
+            extra = [t for t in extra if not t.errors]
+            kept += [t for t in extra if t.group_id not in flat_groups(extra)]
+        groups = set(list(dict.fromkeys(t.group_id for t in kept))[: len(tasks)])
+        metrics["batch/refill_rounds"] = rounds
+        trajectories = [t for t in kept if t.group_id in groups] or trajectories  # never train on nothing
+
+    if session.estimator.needs_baseline_rollout:  # ReMax: one greedy rollout per task
+        needed = {t.task_id for t in trajectories}
+        greedy = rollout(
+            session,
+            [t for t in seen.values() if t.id in needed],
+            1,
+            seed=step_seed(session, step, 77),
+            temperature=0.0,
+            salt=f"s{step}g",
+        )
+        baseline = {t.task_id: t.score for t in greedy}
+        for trajectory in trajectories:
+            trajectory.metrics["baseline_score"] = baseline[trajectory.task_id]
+        metrics["reward/baseline_score_mean"] = sum(baseline.values()) / max(len(baseline), 1)
+
+    metrics["time/rollout_s"] = time.perf_counter() - started
+    return trajectories, failed, metrics
+
+
+def flat_groups(trajectories: Sequence[Trajectory]) -> set[str]:
+    """Groups of more than one trajectory whose scores are all equal (zero advantage under GRPO)."""
+    scores: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        scores[t.group_id].append(t.score)
+    return {g for g, s in scores.items() if len(s) > 1 and max(s) - min(s) < 1e-9}
+
+
+def _my_tasks(session: Session) -> list[Task]:
+    """This process's share of the next global batch of tasks (every process draws the same global
+    batch from identically seeded streams, then keeps every ``world``-th task)."""
+    assert session.stream is not None
+    tasks = session.stream.take(session.config.trainer.tasks_per_step)
+    return tasks[session.rank :: session.world]
+
+
+def _env_seconds(trajectories: Sequence[Trajectory]) -> float:
+    return sum(t.metrics.get("tool_s", 0.0) for t in trajectories) / max(len(trajectories), 1)
+
+
+def _run_async(value: Any) -> Any:
+    return asyncio.run(value) if inspect.isawaitable(value) else value

@@ -1,0 +1,343 @@
+"""The session: everything a run is made of, built once from the resolved config.
+
+:func:`build_session` is the only place that turns a validated :class:`~agent_r1.config.RunConfig`
+and its resolved components into live objects: accelerate, the policy, the reference model and the
+critic (when the algorithm needs them), the optimizer and scheduler (only when training), the task
+stream, the environment factory, the reward shapers, the rollout backend and the trackers. The
+training step (:mod:`agent_r1.engine.collect`, :mod:`agent_r1.engine.update`) is plain functions
+over a session; ``eval`` and ``rollout`` build a rollout-only session (``training=False``): no
+optimizer, no reference model, no critic.
+
+Component objects are built from the resolved components: the registry was visited once, during
+validation, and the algorithm preset's estimator and loss settings are already merged under the
+user's overrides there (:func:`agent_r1.config.validate_components`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from agent_r1.config import ModelConfig, ResolvedComponent, RunConfig
+from agent_r1.contracts import AdvantageEstimator, Environment, PolicyLoss, RewardShaper, SamplingParams
+from agent_r1.engine import checkpoint as ckpt
+from agent_r1.engine.chat import apply_chat_template_config
+from agent_r1.engine.critic import ValueHead
+from agent_r1.engine.loss_utils import AdaptiveKLController, FixedKLController
+from agent_r1.errors import AgentR1Error, ConfigError
+from agent_r1.mdp import Task
+from agent_r1.registry import Registry, get_registry
+
+__all__ = ["Session", "TaskStream", "build_session", "seed_everything"]
+
+
+@dataclass
+class TaskStream:
+    """Endless shuffled passes over the training tasks; the position is saved in checkpoints."""
+
+    tasks: list[Task]
+    seed: int
+    epoch: int = 0
+    index: int = 0
+    _order: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise AgentR1Error("the dataset's train split is empty: there is nothing to train on")
+        self._shuffle()
+
+    def _shuffle(self) -> None:
+        self._order = list(range(len(self.tasks)))
+        random.Random(self.seed * 1_000_003 + self.epoch).shuffle(self._order)
+
+    def take(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.index >= len(self._order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._shuffle()
+            out.append(self.tasks[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def restore(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._shuffle()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Session:
+    """The live objects of one run. ``step`` counts completed training steps (the policy version)."""
+
+    config: RunConfig
+    run_dir: Path
+    registry: Registry
+    accelerator: Any
+    tokenizer: Any
+    model: nn.Module
+    """The policy, as accelerate prepared it (wrapped under DDP); :attr:`unwrapped` is the module."""
+    dataset: Any
+    env_factory: Callable[[], Environment]
+    shapers: list[tuple[RewardShaper, float]]
+    backend: Any
+    estimator: AdvantageEstimator
+    policy_loss: PolicyLoss
+    aggregation: str
+    needs_critic: bool
+    training: bool
+    ref_model: nn.Module | None = None
+    value_head: nn.Module | None = None
+    critic_model: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    kl_ctl: FixedKLController | AdaptiveKLController | None = None
+    stream: TaskStream | None = None
+    trackers: list[Any] = field(default_factory=list)
+    step: int = 0
+    bad_updates: int = 0
+    """Updates skipped for a non-finite loss or gradient since the last good update."""
+
+    # -- processes -------------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return int(self.accelerator.process_index)
+
+    @property
+    def world(self) -> int:
+        return int(self.accelerator.num_processes)
+
+    @property
+    def is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device  # type: ignore[no-any-return]
+
+    @property
+    def unwrapped(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)  # type: ignore[no-any-return]
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    # -- rollout ---------------------------------------------------------------------------------
+    def rollout_engine(
+        self, *, temperature: float, on_progress: Callable[[int, int], None] | None = None
+    ) -> Any:
+        """A :class:`~agent_r1.engine.rollout.RolloutEngine` over this session's backend and
+        environments, sampling at ``temperature`` with the run's other rollout settings."""
+        from agent_r1.engine.rollout import RolloutEngine
+
+        r = self.config.rollout
+        sampling = SamplingParams(
+            temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
+        )
+        return RolloutEngine(
+            self.backend,
+            self.tokenizer,
+            self.env_factory,
+            max_turns=r.max_turns,
+            max_new_tokens=r.max_new_tokens,
+            max_context=r.max_context,
+            sampling=sampling,
+            on_env_error="end",  # a faulty environment step ends that episode (counted), not the run
+            on_progress=on_progress,
+        )
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly (weights, optimizer, data position,
+        random generators)."""
+        assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
+        state: dict[str, Any] = {
+            "step": self.step,
+            "model": {k: v.detach().cpu() for k, v in self.unwrapped.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "kl_coef": self.kl_ctl.value,
+            "data": self.stream.state(),
+            "rng": ckpt.capture_rng(),
+            "bad_steps": self.bad_updates,
+        }
+        if self.value_head is not None:
+            state["value_head"] = self.accelerator.unwrap_model(self.value_head).state_dict()
+        if self.critic_model is not None:
+            state["critic_model"] = self.accelerator.unwrap_model(self.critic_model).state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (weights only, when not training)."""
+        self.unwrapped.load_state_dict(state["model"])
+        self.step = int(state["step"])
+        if self.training:
+            assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.kl_ctl.value = state["kl_coef"]
+            self.stream.restore(state["data"])
+            ckpt.restore_rng(state["rng"])
+            self.bad_updates = int(state.get("bad_steps", 0))
+        if self.value_head is not None and "value_head" in state:
+            self.accelerator.unwrap_model(self.value_head).load_state_dict(state["value_head"])
+        if self.critic_model is not None and "critic_model" in state:
+            self.accelerator.unwrap_model(self.critic_model).load_state_dict(state["critic_model"])
+        self.backend.sync_weights(self.unwrapped, self.step)
+
+
+def build_session(
+    config: RunConfig,
+    components: Sequence[ResolvedComponent],
+    run_dir: str | Path,
+    *,
+    training: bool = True,
+    registry: Registry | None = None,
+    model: nn.Module | None = None,
+    tokenizer: Any = None,
+) -> Session:
+    """Build a :class:`Session` from a validated config and its resolved components.
+
+    ``training=False`` builds what generation needs only (``eval``, ``rollout``). ``model`` and
+    ``tokenizer`` skip loading the policy (tests, embedders).
+    """
+    from accelerate import Accelerator
+
+    from agent_r1.engine.models import load_policy, pick_device
+
+    by_path = {c.path: c for c in components}
+    seed_everything(config.seed)
+    accelerator = Accelerator(cpu=pick_device(config.model.device).type == "cpu")
+    world = accelerator.num_processes
+    if training:
+        _check_batch_shape(config, world)
+
+    estimator = _build(by_path["algorithm.estimator"])
+    needs_critic = training and bool(estimator.needs_critic or by_path["algorithm"].cls.needs_critic)
+    if model is None:
+        model, tokenizer = load_policy(config.model, device=accelerator.device)
+    assert model is not None
+    tokenizer = apply_chat_template_config(tokenizer, config.model)
+    model.to(accelerator.device)
+
+    session = Session(
+        config=config,
+        run_dir=Path(run_dir),
+        registry=registry or get_registry(),
+        accelerator=accelerator,
+        tokenizer=tokenizer,
+        model=model,
+        dataset=_build(by_path["data"]),
+        env_factory=_factory(by_path["environment"]),
+        shapers=[(_build(by_path[f"rewards[{i}]"]), spec.weight) for i, spec in enumerate(config.rewards)],
+        backend=None,
+        estimator=estimator,
+        policy_loss=_build(by_path["algorithm.loss"]),
+        aggregation=config.algorithm.aggregation or "token-mean",
+        needs_critic=needs_critic,
+        training=training,
+    )
+    if training:
+        _build_learner(session, accelerator, load_policy)
+        session.stream = TaskStream(session.dataset.load("train"), config.seed)
+        if session.is_main:
+            session.trackers = [_build(by_path[f"trackers[{i}]"]) for i in range(len(config.trackers))]
+    else:
+        session.model = accelerator.prepare(model)
+    backend = by_path["rollout.backend"]
+    session.backend = backend.cls(backend.config, model=session.unwrapped, tokenizer=tokenizer)
+    return session
+
+
+def _build(component: ResolvedComponent) -> Any:
+    return component.cls(component.config)
+
+
+def _factory(component: ResolvedComponent) -> Callable[[], Environment]:
+    """One environment instance per episode, from the validated section."""
+    cls, validated = component.cls, component.config
+    return lambda: cls(validated)
+
+
+def _check_batch_shape(config: RunConfig, world: int) -> None:
+    per_process, remainder = divmod(config.trainer.tasks_per_step, world)
+    if remainder or per_process * config.rollout.group_size < config.trainer.mini_batches:
+        raise ConfigError(
+            f"trainer.tasks_per_step={config.trainer.tasks_per_step} must be a multiple of the {world} "
+            f"processes, and each process's share times rollout.group_size must be at least "
+            f"trainer.mini_batches={config.trainer.mini_batches}",
+            path="trainer.tasks_per_step",
+        )
+
+
+def _build_learner(session: Session, accelerator: Any, load_policy: Callable[..., Any]) -> None:
+    """Reference model, critic, optimizer, scheduler and KL controller, then accelerate's wrapping."""
+    config = session.config
+    model = session.model
+    if config.algorithm.kl.coef > 0:  # beta = 0 loads no reference model at all
+        session.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in model.parameters() if p.requires_grad], "lr": config.trainer.lr}
+    ]
+    critic = config.algorithm.critic
+    if session.needs_critic:
+        if critic.kind == "separate":
+            critic_cfg = ModelConfig(
+                **{**config.model.model_dump(), "path": critic.path or config.model.path}
+            )
+            critic_model, _ = load_policy(critic_cfg, device=accelerator.device)
+            session.critic_model = critic_model.to(accelerator.device)
+            groups.append({"params": list(critic_model.parameters()), "lr": critic.lr})
+        session.value_head = ValueHead(int(model.config.hidden_size)).to(accelerator.device)  # type: ignore[union-attr]
+        groups.append({"params": list(session.value_head.parameters()), "lr": critic.lr})
+    t = config.trainer
+    optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    session.scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda update: _lr_factor(config, update)
+    )
+    session.model = accelerator.prepare(model)
+    if session.value_head is not None:
+        session.value_head = accelerator.prepare(session.value_head)
+    if session.critic_model is not None:
+        session.critic_model = accelerator.prepare(session.critic_model)
+    session.optimizer = accelerator.prepare(optimizer)
+    kl = config.algorithm.kl
+    session.kl_ctl = (
+        AdaptiveKLController(kl.coef, kl.target, kl.horizon)
+        if kl.target is not None
+        else FixedKLController(kl.coef)
+    )
+
+
+def _lr_factor(config: RunConfig, update: int) -> float:
+    """The learning-rate multiplier after ``update`` optimizer steps (warm-up, then the schedule)."""
+    t = config.trainer
+    total = max(t.steps * t.epochs * t.mini_batches, 1)
+    if t.warmup_steps and update < t.warmup_steps:
+        return (update + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return 1.0
+    progress = min((update - t.warmup_steps) / max(total - t.warmup_steps, 1), 1.0)
+    if t.schedule == "linear":
+        return max(1.0 - progress, 0.0)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,413 @@
+"""One policy update on scored trajectories, top to bottom.
+
+:func:`update` is the whole learner of a training step:
+
+1. gather every process's trajectories (estimators see the whole batch) and pad this process's
+   rows into a :class:`~agent_r1.engine.batch.TrainBatch`;
+2. no-grad passes: the old policy's log-probabilities (skipped when there is a single optimizer
+   step, which reuses its own forward pass), the reference's (only when ``algorithm.kl.coef > 0``)
+   and the critic's values (only when the algorithm needs a critic);
+3. token rewards, minus ``beta * KL`` when ``algorithm.kl.placement == "reward"``;
+4. advantages and returns from the estimator, over the whole batch;
+5. ``trainer.epochs`` passes of ``trainer.mini_batches`` optimizer steps; each step accumulates
+   micro-batches of ``trainer.micro_batch_size`` rows, with the loss normalised over the whole
+   mini-batch (and every process), so the update does not depend on the micro-batch size;
+6. the micro-batch loss (:func:`micro_loss`): the policy loss on policy tokens, optionally
+   truncated importance sampling, the entropy bonus, the KL term, and the critic's clipped value
+   loss;
+7. the adaptive KL controller, metrics, ``session.step += 1`` and the weight sync to the backend.
+
+Algorithm options are the named branches you see here (``kl.placement``, ``tis_cap``,
+``critic.kind``, ``skip_idle_rows``); everything else is the estimator's and the loss's business.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agent_r1.contracts import AdvantageInput, LossInput
+from agent_r1.engine.batch import TrainBatch, collate, first_policy_position, no_grad_logprobs, policy_forward
+from agent_r1.engine.collect import all_gather
+from agent_r1.engine.critic import critic_values, no_grad_values, state_values
+from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
+from agent_r1.engine.loss_utils import (
+    Normalizer,
+    aggregate,
+    kl_penalty,
+    masked_mean,
+    mismatch_kl,
+    tis_weights,
+)
+from agent_r1.engine.session import Session
+from agent_r1.engine.stats import batch_metrics, mean_metric, tensor_stats
+from agent_r1.mdp import Trajectory
+
+__all__ = [
+    "LOSS_SHARES",
+    "NonFiniteLossWarning",
+    "Targets",
+    "compute_advantages",
+    "micro_loss",
+    "optimize",
+    "update",
+]
+
+LOSS_SHARES = frozenset({"actor/pg_loss", "actor/loss", "critic/value_loss"})
+"""Metrics that are a micro-batch's share of an update's loss: summed per update, then averaged."""
+
+
+@dataclass
+class Targets:
+    """What the optimizer steps fit, per row of this process's batch (all ``[B, T]``)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    old_logprobs: torch.Tensor | None  # None: one optimizer step, which reuses its own forward
+    ref_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None
+
+    def rows(self, rows: Sequence[int], width: int) -> Targets:
+        idx = torch.as_tensor(list(rows), device=self.advantages.device)
+        pick = lambda x: None if x is None else x[idx, :width]  # noqa: E731
+        return Targets(*(pick(getattr(self, name)) for name in self.__dataclass_fields__))  # type: ignore[arg-type]
+
+
+def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
+    """Advantages and optimizer steps on this process's scored trajectories; returns the metrics."""
+    config = session.config
+    algo = config.algorithm
+    everything = all_gather(session, local)
+    started = time.perf_counter()
+    batch = collate(local, session.pad_id, mask_truncated=algo.mask_truncated).to(session.device)
+    check_rewards(batch)
+    temperature = config.rollout.temperature or 1.0
+    micro = config.trainer.micro_batch_size
+    one_update = config.trainer.epochs * config.trainer.mini_batches == 1
+
+    old_logprobs = None if one_update else no_grad_logprobs(session.model, batch, temperature, micro)
+    ref_logprobs = None
+    if session.ref_model is not None:
+        ref_logprobs = no_grad_logprobs(session.ref_model, batch, temperature, micro)
+    values = (
+        no_grad_values(session.value_head, _critic_backbone(session), batch, micro)
+        if session.needs_critic
+        else None
+    )
+
+    token_rewards = batch.token_rewards.clone()  # [B, T]
+    kl_in_reward = 0.0
+    if ref_logprobs is not None and algo.kl.placement == "reward":
+        assert session.kl_ctl is not None
+        base = (
+            old_logprobs
+            if old_logprobs is not None
+            else no_grad_logprobs(session.model, batch, temperature, micro)
+        )
+        kl_tokens = kl_penalty(base, ref_logprobs, algo.kl.estimator)  # [B, T]
+        token_rewards -= session.kl_ctl.value * torch.where(batch.loss_mask, kl_tokens, 0.0)
+        kl_in_reward = float(masked_mean(kl_tokens, batch.loss_mask))
+    advantages, returns = compute_advantages(session, batch, everything, token_rewards, values)
+    metrics = {"time/advantages_s": time.perf_counter() - started}
+
+    targets = Targets(advantages, returns, old_logprobs, ref_logprobs, values)
+    metrics.update(optimize(session, batch, targets, temperature))
+    if ref_logprobs is not None:
+        metrics["actor/kl_coef"] = _update_kl_controller(
+            session, metrics.get("actor/kl", kl_in_reward), len(everything)
+        )
+    metrics.update(batch_metrics(everything, success_signal=config.eval.success_signal))
+    metrics.update(tensor_stats("advantages", advantages, batch.loss_mask))
+    metrics.update(tensor_stats("returns", returns, batch.loss_mask))
+    metrics["time/generation_s"] = mean_metric(local, "generation_s")
+    metrics["time/tools_s"] = mean_metric(local, "tool_s")
+    metrics["_tokens"] = float(sum(len(t) for t in everything))
+    assert session.scheduler is not None
+    metrics["lr"] = session.scheduler.get_last_lr()[0]
+    session.step += 1
+    metrics["step"] = session.step  # the N-th completed update (1-based)
+    session.backend.sync_weights(session.unwrapped, session.step)
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------
+# No-grad passes and advantages
+# --------------------------------------------------------------------------------------------
+
+
+def compute_advantages(
+    session: Session,
+    batch: TrainBatch,
+    everything: list[Trajectory],
+    token_rewards: torch.Tensor,
+    values: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The estimator's advantages and returns for this process's rows, computed over the whole batch
+    of every process (group and batch statistics stay exact). Scores are re-derived from the token
+    rewards so that a KL penalty placed in the reward reaches score-based estimators too."""
+    if session.world == 1:
+        return session.estimator.compute(
+            AdvantageInput(
+                token_rewards=token_rewards,
+                loss_mask=batch.loss_mask,
+                scores=token_rewards.sum(dim=-1),
+                group_ids=batch.group_ids,
+                values=values,
+                baseline_scores=_baseline_scores(batch.trajectories),
+            )
+        )
+    from accelerate.utils import gather_object
+
+    full = collate(everything, session.pad_id, mask_truncated=session.config.algorithm.mask_truncated)
+    length = full.input_ids.shape[1]
+    pad = lambda rows: torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[0])) for r in rows])  # noqa: E731
+    all_rewards = pad(gather_object([r.cpu() for r in token_rewards]))
+    all_values = pad(gather_object([v.cpu() for v in values])) if values is not None else None
+    adv, ret = session.estimator.compute(
+        AdvantageInput(
+            token_rewards=all_rewards,
+            loss_mask=full.loss_mask,
+            scores=all_rewards.sum(dim=-1),
+            group_ids=full.group_ids,
+            values=all_values,
+            baseline_scores=_baseline_scores(full.trajectories),
+        )
+    )
+    sizes: list[int] = gather_object([len(batch)])
+    mine = slice(sum(sizes[: session.rank]), sum(sizes[: session.rank]) + len(batch))
+    width = batch.input_ids.shape[1]
+    return adv[mine, :width].to(session.device), ret[mine, :width].to(session.device)
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer steps
+# --------------------------------------------------------------------------------------------
+
+
+def optimize(session: Session, batch: TrainBatch, targets: Targets, temperature: float) -> dict[str, float]:
+    """``epochs`` x ``mini_batches`` optimizer steps over the batch; guards against non-finite
+    losses and gradients."""
+    config = session.config
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    generator = torch.Generator().manual_seed(_update_seed(session))
+    timings = {"time/forward_backward_s": 0.0, "time/optimizer_s": 0.0}
+    skipped = 0
+    session.model.train()
+    for _epoch in range(config.trainer.epochs):
+        shuffled = config.trainer.epochs > 1
+        order = (
+            torch.randperm(len(batch), generator=generator).tolist() if shuffled else list(range(len(batch)))
+        )
+        for chunk in np.array_split(np.array(order), config.trainer.mini_batches):
+            if len(chunk):
+                status = _mini_batch_step(
+                    session, batch, targets, chunk.tolist(), temperature, sums, counts, timings
+                )
+                skipped += status == "skipped"
+                track_bad_updates(session, status)
+    session.model.eval()
+    out = {name: sums[name] / max(counts[name], 1) for name in sums}
+    out["actor/skipped_updates"] = float(skipped)
+    return {**out, **timings}
+
+
+def _mini_batch_step(
+    session: Session,
+    batch: TrainBatch,
+    targets: Targets,
+    rows: list[int],
+    temperature: float,
+    sums: dict[str, float],
+    counts: dict[str, int],
+    timings: dict[str, float],
+) -> str:
+    """One optimizer step on ``rows``: ``"ok"``, ``"skipped"`` (non-finite) or ``"idle"`` (no row
+    had anything to learn; the step ran with zero gradients, exactly as without skipping)."""
+    assert session.optimizer is not None
+    size = session.config.trainer.micro_batch_size
+    micro_rows = [rows[i : i + size] for i in range(0, len(rows), size)]
+    normalizer = global_normalizer(session, [batch.loss_mask[r] for r in micro_rows])
+    if _can_skip_idle_rows(session):
+        # Rows whose advantages are all zero add nothing to the gradient; they still count in the
+        # normaliser above, so the update is exactly the same.
+        busy = [r for r in rows if bool((targets.advantages[r] != 0).any())]
+        micro_rows = [busy[i : i + size] for i in range(0, len(busy), size)]
+        sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
+        counts["batch/idle_rows_skipped"] = 1
+    session.optimizer.zero_grad(set_to_none=True)
+    shares: dict[str, float] = defaultdict(float)
+    finite = True
+    started = time.perf_counter()
+    for k, chunk in enumerate(micro_rows):
+        micro = batch.select(chunk)
+        loss, parts = micro_loss(
+            session, micro, targets.rows(chunk, micro.input_ids.shape[1]), normalizer, temperature
+        )
+        if not torch.isfinite(loss):
+            finite = False
+            break
+        if k == len(micro_rows) - 1:
+            session.accelerator.backward(loss * session.world)
+        else:
+            with session.accelerator.no_sync(session.model):
+                session.accelerator.backward(loss * session.world)
+        for name, value in parts.items():
+            if name in LOSS_SHARES:  # a micro-batch's share: sum them per optimizer step
+                shares[name] += value
+            else:
+                sums[name] += value
+                counts[name] += 1
+    timings["time/forward_backward_s"] += time.perf_counter() - started
+    started = time.perf_counter()
+    params = [p for group in session.optimizer.param_groups for p in group["params"]]
+    if not micro_rows:  # nothing to learn from: step with zero gradients, as unskipped
+        for param in params:
+            param.grad = torch.zeros_like(param)
+    if finite:
+        norm = _grad_norm(session, params)
+        finite = bool(torch.isfinite(torch.as_tensor(norm)))
+        if finite:
+            sums["actor/grad_norm"] += float(norm)
+            counts["actor/grad_norm"] += 1
+    if finite:
+        for name, value in shares.items():
+            sums[name] += value
+            counts[name] += 1
+        session.optimizer.step()
+        assert session.scheduler is not None
+        session.scheduler.step()
+    else:
+        session.optimizer.zero_grad(set_to_none=True)
+    timings["time/optimizer_s"] += time.perf_counter() - started
+    return "skipped" if not finite else ("ok" if micro_rows else "idle")
+
+
+def micro_loss(
+    session: Session, micro: TrainBatch, targets: Targets, normalizer: Normalizer, temperature: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's share of the mini-batch loss, and its diagnostics."""
+    algo = session.config.algorithm
+    mask = micro.loss_mask  # [B, T] policy tokens
+    shared_backbone = session.needs_critic and session.critic_model is None
+    out = policy_forward(
+        session.model,
+        micro.input_ids,
+        micro.attention_mask,
+        temperature=temperature,
+        with_entropy=True,
+        with_hidden=shared_backbone,
+        start=first_policy_position(mask),
+    )
+    logprobs = out.logprobs  # [B, T]
+    old = targets.old_logprobs if targets.old_logprobs is not None else logprobs.detach()
+    token_loss, diagnostics = session.policy_loss.token_loss(
+        LossInput(logprobs=logprobs, old_logprobs=old, advantages=targets.advantages, loss_mask=mask)
+    )
+    if algo.tis_cap is not None:  # the rollout sampled from a slightly different policy
+        token_loss = token_loss * tis_weights(old, micro.rollout_logprobs, mask, algo.tis_cap)
+    loss = aggregate(token_loss, mask, session.aggregation, normalizer=normalizer)
+    parts = {"actor/pg_loss": float(loss.detach())}
+    parts.update({f"actor/{k}": float(masked_mean(v.detach().float(), mask)) for k, v in diagnostics.items()})
+    assert out.entropy is not None
+    parts["actor/entropy"] = float(masked_mean(out.entropy.detach(), mask))
+    if algo.entropy_coef > 0:
+        loss = loss - algo.entropy_coef * aggregate(
+            out.entropy, mask, session.aggregation, normalizer=normalizer
+        )
+    if targets.ref_logprobs is not None:
+        kl_tokens = kl_penalty(logprobs, targets.ref_logprobs, algo.kl.estimator)  # [B, T]
+        parts["actor/kl"] = float(masked_mean(kl_tokens.detach(), mask))
+        if algo.kl.placement == "loss":
+            assert session.kl_ctl is not None
+            loss = loss + session.kl_ctl.value * aggregate(
+                kl_tokens, mask, session.aggregation, normalizer=normalizer
+            )
+    parts.update(
+        {f"rollout/{k}": v for k, v in mismatch_kl(logprobs.detach(), micro.rollout_logprobs, mask).items()}
+    )
+    if session.needs_critic:
+        if shared_backbone:
+            assert out.hidden is not None and session.value_head is not None
+            values = state_values(session.value_head, out.hidden)  # [B, T], V(s_t) from position t - 1
+        else:
+            values = critic_values(session.value_head, _critic_backbone(session), micro)
+        value_loss_tokens = (values - targets.returns) ** 2
+        clip = algo.critic.value_clip
+        if clip is not None and targets.old_values is not None:
+            clipped = targets.old_values + (values - targets.old_values).clamp(-clip, clip)
+            value_loss_tokens = torch.maximum(value_loss_tokens, (clipped - targets.returns) ** 2)
+        value_loss = 0.5 * aggregate(value_loss_tokens, mask, session.aggregation, normalizer=normalizer)
+        parts["critic/value_loss"] = float(value_loss.detach())
+        parts["critic/values_mean"] = float(masked_mean(values.detach(), mask))
+        loss = loss + algo.critic.coef * value_loss
+    parts["actor/loss"] = float(loss.detach())
+    return loss, parts
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def global_normalizer(session: Session, masks: list[torch.Tensor]) -> Normalizer:
+    """The loss denominator of one optimizer step, over every process's share of it."""
+    config = session.config
+    norm = Normalizer.from_masks(
+        masks, session.aggregation, max_len=config.rollout.max_new_tokens * config.rollout.max_turns
+    )
+    if session.world == 1:
+        return norm
+    counts = torch.tensor([norm.num_tokens, norm.num_sequences], device=session.device)
+    counts = session.accelerator.reduce(counts, reduction="sum")
+    return Normalizer(norm.mode, int(counts[0]), int(counts[1]), norm.length)
+
+
+def _critic_backbone(session: Session) -> torch.nn.Module:
+    """The model whose hidden states the value head reads: a separate critic, or the policy."""
+    return session.critic_model if session.critic_model is not None else session.model
+
+
+def _can_skip_idle_rows(session: Session) -> bool:
+    """Skipping rows with zero advantage is exact only when no other term (entropy bonus, KL in the
+    loss, value loss) needs them, and only on one process (DDP needs equal work)."""
+    algo = session.config.algorithm
+    return (
+        session.config.trainer.skip_idle_rows
+        and session.world == 1
+        and algo.entropy_coef == 0
+        and not session.needs_critic
+        and not (session.ref_model is not None and algo.kl.placement == "loss")
+    )
+
+
+def _grad_norm(session: Session, params: list[torch.nn.Parameter]) -> torch.Tensor:
+    clip = session.config.trainer.grad_clip
+    if clip is not None:
+        return session.accelerator.clip_grad_norm_(params, clip)  # type: ignore[no-any-return]
+    return torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+
+
+def _update_kl_controller(session: Session, observed: float, samples: int) -> float:
+    assert session.kl_ctl is not None
+    if session.world > 1:  # every process must move beta identically
+        mean = session.accelerator.reduce(torch.tensor([observed], device=session.device), "mean")
+        observed = float(mean[0])
+    session.kl_ctl.update(observed, samples)
+    return float(session.kl_ctl.value)
+
+
+def _update_seed(session: Session) -> int:
+    return (session.config.seed * 1_000_003 + session.step * 9_973 + 999 * 101 + session.rank * 7) % 2**31
+
+
+def _baseline_scores(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+    """Greedy-baseline scores recorded by :func:`~agent_r1.engine.collect.collect` (ReMax)."""
+    if not trajectories or any("baseline_score" not in t.metrics for t in trajectories):
+        return None
+    return torch.tensor([t.metrics["baseline_score"] for t in trajectories], dtype=torch.float32)
