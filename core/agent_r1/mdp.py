@@ -159,7 +159,8 @@ class Action(_Model):
 
 
 class Observation(_Model):
-    """The environment's response to an action: messages to append, rewards, and whether it ended."""
+    """The environment's response to an action: messages to append (or a continuation of the
+    assistant's turn), rewards, and whether it ended."""
 
     messages: list[Message] = Field(default_factory=list)
     tool_results: list[ToolResult] = Field(default_factory=list)
@@ -174,6 +175,11 @@ class Observation(_Model):
     :class:`Action`; an environment returns them here instead of writing into the action."""
     answer: str | None = None
     parse_errors: list[str] | None = None
+    continuation: str | None = None
+    """Text that continues the assistant's own turn instead of chat ``messages`` (Search-R1's
+    ``<information>`` blocks): the engine appends its tokens (tokenised on their own) as
+    environment tokens with no chat-template closure or header, and the next action goes on in the
+    same assistant message. Leave ``messages`` empty when it is set."""
 
 
 class Step(_Model):

@@ -61,7 +61,11 @@ def rollout(
             trajectories: list[Trajectory] = engine.collect(
                 tasks, group_size, seed=seed, policy_version=session.step, group_salt=salt
             )
+    started = time.perf_counter()
     score(session, trajectories, {t.id: t for t in tasks})
+    elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
+    for trajectory in trajectories:  # the scoring time, shared out, so that steps can sum it
+        trajectory.metrics["reward_s"] = elapsed
     return trajectories
 
 
@@ -132,7 +136,10 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
     trajectories = rollout(
         session, tasks, group_size, seed=step_seed(session, step), temperature=temperature, salt=f"s{step}"
     )
-    metrics: dict[str, float] = {"time/env_s": _env_seconds(trajectories)}
+    metrics: dict[str, float] = {
+        "time/env_s": _env_seconds(trajectories),
+        "time/rewards_s": sum(t.metrics.get("reward_s", 0.0) for t in trajectories),
+    }
     failed = [t for t in trajectories if t.errors]
     trajectories = [t for t in trajectories if not t.errors]
     flat = flat_groups(trajectories)
@@ -154,6 +161,7 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
                 salt=f"s{step}r{rounds}",
             )
             metrics["time/env_s"] += _env_seconds(extra)
+            metrics["time/rewards_s"] += sum(t.metrics.get("reward_s", 0.0) for t in extra)
             failed += [t for t in extra if t.errors]
             extra = [t for t in extra if not t.errors]
             kept += [t for t in extra if t.group_id not in flat_groups(extra)]

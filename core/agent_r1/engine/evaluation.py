@@ -328,6 +328,10 @@ def eval_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> s
         f"{_pct(summary.get('success'))}** — {summary.get('successes', 0)} of "
         f"{summary.get('num_trajectories', 0)} trajectories, {summary.get('num_tasks', 0)} tasks."
     )
+    normalization = summary.get("answer_normalization") or {}
+    if normalization:
+        shown = ", ".join(f"{name}: {mode}" for name, mode in sorted(normalization.items()))
+        lines.append(f"Answers normalised as: {shown} (`official`: the HotpotQA / SQuAD scripts' rules).")
     lines.append("")
     pass_k = summary.get("pass_at_k") or {}
     if pass_k:

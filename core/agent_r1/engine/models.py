@@ -62,6 +62,7 @@ __all__ = [
     "tokenizer_problems",
     "verify_cache",
     "weight_problems",
+    "weights_message",
 ]
 
 CACHE_ENV = "AGENT_R1_CACHE"
@@ -666,6 +667,14 @@ def weight_problems(directory: str | Path) -> list[str]:
     return problems
 
 
+def weights_message(directory: Path, model_path: str, problems: list[str]) -> str:
+    """The error for a model directory whose weight files have ``problems`` (what, where, what to do)."""
+    return (
+        f"the model in {directory} (model.path={model_path!r}) cannot be loaded: {'; '.join(problems)}. "
+        "Copy or save the model again (save_pretrained), or point model.path at a complete model directory."
+    )
+
+
 def tokenizer_problems(directory: str | Path) -> list[str]:
     """What is missing for a tokenizer in a model directory (empty when its files are there)."""
     directory = Path(directory)
@@ -768,11 +777,7 @@ def load_policy(
     directory = resolve_model_path(model_cfg.path, cache_dir=cache_dir)
     problems = weight_problems(directory)
     if problems:
-        raise ModelNotFound(
-            f"the model in {directory} (model.path={model_cfg.path!r}) cannot be loaded: "
-            f"{'; '.join(problems)}. Copy or save the model again (save_pretrained), or point "
-            "model.path at a complete model directory."
-        )
+        raise ModelNotFound(weights_message(directory, model_cfg.path, problems))
     tokenizer = load_tokenizer(directory)
     dtype = getattr(torch, _DTYPES[model_cfg.dtype])
     if target.type == "cpu" and dtype != torch.float32:

@@ -177,7 +177,13 @@ def _check_device(report: PreflightReport, ctx: _Context) -> None:
 
 
 def _check_model(report: PreflightReport, ctx: _Context, *, prepare_models: bool) -> None:
-    from agent_r1.engine.models import find_bundled_model, is_prepared, resolve_model_path, weight_problems
+    from agent_r1.engine.models import (
+        find_bundled_model,
+        is_prepared,
+        resolve_model_path,
+        weight_problems,
+        weights_message,
+    )
 
     path = ctx.config.model.path
     bundled = find_bundled_model(path) if not Path(path).expanduser().exists() else None
@@ -192,7 +198,7 @@ def _check_model(report: PreflightReport, ctx: _Context, *, prepare_models: bool
     directory = resolve_model_path(path)
     problems = weight_problems(directory)
     if problems:
-        report.add("model", "fail", f"{directory}: {'; '.join(problems)}")
+        report.add("model", "fail", weights_message(directory, path, problems))
         return
     from transformers import AutoConfig
 
@@ -320,7 +326,7 @@ def _check_tokenizer(report: PreflightReport, ctx: _Context) -> None:
     assert ctx.model_dir is not None
     problems = tokenizer_problems(ctx.model_dir)
     if problems:
-        raise AgentR1Error(f"{ctx.model_dir}: {problems[0]}")
+        raise AgentR1Error(f"cannot load the tokenizer of {ctx.model_dir}: {problems[0]}")
     tokenizer = load_tokenizer(ctx.model_dir)
     try:
         from agent_r1.engine.chat import apply_chat_template_config
@@ -515,7 +521,15 @@ def preflight(
     run("device", lambda: _check_device(report, ctx))
     run("model", lambda: _check_model(report, ctx, prepare_models=prepare_models))
     if ctx.hf_config is not None:
-        _run(report, "model", lambda: _meta_model(ctx))
+        try:
+            _meta_model(ctx)
+        except Exception as exc:  # a skeleton that cannot be built only costs these two checks
+            report.add(
+                "model",
+                "warn",
+                f"could not build the model's skeleton from config.json ({type(exc).__name__}: {exc}); "
+                "the LoRA target and disk-space estimates are skipped",
+            )
         if ctx.module_names:
             run("lora", lambda: _check_lora(report, ctx))
         run("context", lambda: _check_context(report, ctx))

@@ -97,6 +97,8 @@ class _Episode:
     generation_s: float = 0.0
     turn_generation_s: float = 0.0
     done: bool = False
+    inline: bool = False
+    """The last observation continued the assistant's turn: the next action joins its message."""
     counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
 
 
@@ -302,9 +304,15 @@ class RolloutEngine:
                 stop_sequence=generation.stop_sequence if finish == "stop" else None,
             )
             episode.trajectory.append(TokenSource.POLICY, turn, ids, logprobs)
-            episode.messages.append(
-                {"role": "assistant", "content": self.renderer.action_content(ids, finish)}
-            )
+            content = self.renderer.action_content(ids, finish)
+            if episode.inline:  # the same assistant message goes on after a continuation
+                episode.messages[-1] = {
+                    **episode.messages[-1],
+                    "content": episode.messages[-1]["content"] + content,
+                }
+                episode.inline = False
+            else:
+                episode.messages.append({"role": "assistant", "content": content})
             episode.generation_s += elapsed
             episode.turn_generation_s = elapsed
         return sum(len(g.token_ids) for g in generations)
@@ -405,6 +413,8 @@ class RolloutEngine:
             return self._end(episode, "max_tokens", truncated=True)
         if turn + 1 >= self.max_turns:
             return self._end(episode, "max_turns", truncated=True)
+        if observation.continuation is not None:
+            return self._continue_turn(episode, observation.continuation, room, turn)
         pieces = self.renderer.render_observation(
             observation.messages, action_ids=action.token_ids, finish_reason=action.finish_reason
         )
@@ -423,6 +433,22 @@ class RolloutEngine:
         trajectory.append(TokenSource.ENV, turn, pieces.env)
         trajectory.append(TokenSource.TEMPLATE, turn + 1, pieces.header)
         episode.messages.extend(pieces.messages)
+        return None
+
+    def _continue_turn(self, episode: _Episode, text: str, room: int, turn: int) -> None:
+        """Append ``text``'s tokens inside the assistant's turn (no closure, no header), cut to leave
+        the next action up to ``min(max_new_tokens, half the room)`` tokens."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        keep = room - min(self.max_new_tokens, max(1, room // 2))
+        if len(ids) >= room:
+            ids = ids[: max(keep, 0)]
+            episode.counters["observation_cuts"] += 1
+        if not ids and text:
+            return self._end(episode, "max_tokens", truncated=True)
+        episode.trajectory.append(TokenSource.ENV, turn, ids)
+        last = episode.messages[-1]
+        episode.messages[-1] = {**last, "content": last["content"] + self.tokenizer.decode(ids)}
+        episode.inline = True
         return None
 
     def _end(self, episode: _Episode, termination: str, *, truncated: bool) -> None:

@@ -48,15 +48,20 @@ RUN_FILES = (
 
 
 def prepare(
-    config_path: str | Path | None, overrides: Sequence[str]
+    config_path: str | Path | None, overrides: Sequence[str], *, skip: Sequence[str] = ()
 ) -> tuple[RunConfig, list[ResolvedComponent]]:
-    """Load, merge and validate the config and all its components, and check that the model can
-    be found, before anything is created or loaded."""
-    from agent_r1.engine.models import resolve_model_path
+    """Load, merge and validate the config and all its components, then run the preflight checks
+    (model and tokenizer files, data, trackers, LoRA targets, context, prompts, output directory:
+    :mod:`agent_r1.engine.preflight`), before anything is created or loaded. Failures stop here
+    with every problem listed; warnings are printed."""
+    from agent_r1.engine.preflight import preflight
 
     config = load_config(config_path, overrides)
     components = validate_components(config)
-    resolve_model_path(config.model.path)
+    report = preflight(config, components, skip=skip)
+    for check in report.warnings:
+        print(f"warning: {check.name}: {check.message}", file=sys.stderr)
+    report.raise_on_failure()
     return config, components
 
 
@@ -419,6 +424,7 @@ def run_eval(session: Any, tasks: list[Task], *, label: str) -> dict[str, Any]:
     """Roll out ``tasks`` with the session's current policy and summarise the result."""
     from agent_r1.engine.collect import rollout_all
     from agent_r1.engine.evaluation import summarize_eval
+    from agent_r1.rewards import answer_normalizations
 
     config = session.config
     ev = config.eval
@@ -437,6 +443,7 @@ def run_eval(session: Any, tasks: list[Task], *, label: str) -> dict[str, Any]:
     )
     summary["step"] = session.step
     summary["label"] = label
+    summary["answer_normalization"] = answer_normalizations(shaper for shaper, _ in session.shapers)
     if session.is_main:
         save_trajectories(session.run_dir / f"eval_{label}.jsonl", trajectories)
     session.registry.notify("on_eval_end", step=session.step, report=summary)
@@ -455,7 +462,7 @@ def evaluate(
     from agent_r1.engine.evaluation import eval_markdown, write_eval_report
     from agent_r1.engine.session import build_session
 
-    config, components = prepare(config_path, overrides)
+    config, components = prepare(config_path, overrides, skip=("output",) if out is not None else ())
     state = None
     if checkpoint is not None:
         path = Path(checkpoint)

@@ -40,7 +40,13 @@ def train_step(session: Session) -> StepResult:
     _check_failures(session, trajectories, failed, metrics)
     metrics.update(update(session, trajectories))
     metrics["time/step_s"] = time.perf_counter() - started
-    accounted = ("time/rollout_s", "time/advantages_s", "time/forward_backward_s", "time/optimizer_s")
+    accounted = (
+        "time/rollout_s",  # generation, tools and rewards
+        "time/no_grad_passes_s",
+        "time/advantages_s",
+        "time/forward_backward_s",
+        "time/optimizer_s",
+    )
     metrics["time/other_s"] = max(metrics["time/step_s"] - sum(metrics.get(k, 0.0) for k in accounted), 0.0)
     metrics["perf/tokens_per_s"] = metrics.pop("_tokens") / max(metrics["time/step_s"], 1e-9)
     return StepResult(metrics, trajectories, failed)

@@ -42,8 +42,8 @@ from agent_r1.engine.loss_utils import (
     kl_penalty,
     masked_mean,
     mismatch_kl,
-    tis_weights,
 )
+from agent_r1.engine.rollout_correction import correction_weights, ratio_stats
 from agent_r1.engine.session import Session
 from agent_r1.engine.stats import batch_metrics, mean_metric, tensor_stats
 from agent_r1.mdp import Trajectory
@@ -100,6 +100,7 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
         else None
     )
 
+    passes_s = time.perf_counter() - started
     token_rewards = batch.token_rewards.clone()  # [B, T]
     kl_in_reward = 0.0
     if ref_logprobs is not None and algo.kl.placement == "reward":
@@ -113,7 +114,10 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
         token_rewards -= session.kl_ctl.value * torch.where(batch.loss_mask, kl_tokens, 0.0)
         kl_in_reward = float(masked_mean(kl_tokens, batch.loss_mask))
     advantages, returns = compute_advantages(session, batch, everything, token_rewards, values)
-    metrics = {"time/advantages_s": time.perf_counter() - started}
+    metrics = {
+        "time/no_grad_passes_s": passes_s,
+        "time/advantages_s": time.perf_counter() - started - passes_s,
+    }
 
     targets = Targets(advantages, returns, old_logprobs, ref_logprobs, values)
     metrics.update(optimize(session, batch, targets, temperature))
@@ -309,8 +313,10 @@ def micro_loss(
     token_loss, diagnostics = session.policy_loss.token_loss(
         LossInput(logprobs=logprobs, old_logprobs=old, advantages=targets.advantages, loss_mask=mask)
     )
-    if algo.tis_cap is not None:  # the rollout sampled from a slightly different policy
-        token_loss = token_loss * tis_weights(old, micro.rollout_logprobs, mask, algo.tis_cap)
+    correction = algo.rollout_correction  # the rollout sampled from a slightly different policy
+    weights = correction_weights(correction, old, micro.rollout_logprobs, mask)
+    if weights is not None:
+        token_loss = token_loss * weights
     loss = aggregate(token_loss, mask, session.aggregation, normalizer=normalizer)
     parts = {"actor/pg_loss": float(loss.detach())}
     parts.update({f"actor/{k}": float(masked_mean(v.detach().float(), mask)) for k, v in diagnostics.items()})
@@ -331,6 +337,8 @@ def micro_loss(
     parts.update(
         {f"rollout/{k}": v for k, v in mismatch_kl(logprobs.detach(), micro.rollout_logprobs, mask).items()}
     )
+    stats = ratio_stats(old, micro.rollout_logprobs, mask, level=correction.level, cap=correction.cap)
+    parts.update({f"rollout/{k}": v for k, v in stats.items()})
     if session.needs_critic:
         if shared_backbone:
             assert out.hidden is not None and session.value_head is not None

@@ -52,10 +52,6 @@ def humaneval_tasks() -> list[Task]:
     return HumanEvalDataset().load("all")
 
 
-def by_id(tasks: list[Task], task_id: str) -> Task:
-    return next(task for task in tasks if task.id == task_id)
-
-
 @pytest.fixture(scope="session")
 def python_calling_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A tiny model directory (``model.path``) whose policy opens its reply with a python call.
@@ -63,8 +59,8 @@ def python_calling_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     A random tiny model (``agent_r1.testing.models``) never writes ``<python>...</python>``, so its
     rollouts would never reach the sandbox. This one is that random model after 60 supervised steps
     on ``<python>print(1 + 2)</python>`` given the last 12, 40 or 160 tokens of the real ``code``
-    and ``math`` prompts of HumanEval and GSM8K training tasks. Sampled at temperature 1 it writes a well-formed call part
-    of the time and garbled tags otherwise; it has learned the format only, never a solution.
+    and ``math`` prompts of HumanEval and GSM8K training tasks. Sampled at temperature 1 it mostly
+    writes that call, sometimes garbled tags; it has learned the format only, never a solution.
     """
     import asyncio
     import random

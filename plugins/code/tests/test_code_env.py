@@ -14,9 +14,12 @@ from agent_r1 import Task
 from agent_r1.registry import get_registry
 from agent_r1_plugin_code.sandbox import namespace_prefix
 
-from .conftest import by_id
-
 pytestmark = pytest.mark.skipif(namespace_prefix() is None, reason="needs Linux namespaces (unshare)")
+
+
+def by_id(tasks: list[Task], task_id: str) -> Task:
+    return next(task for task in tasks if task.id == task_id)
+
 
 WRONG = "def truncate_number(number: float) -> float:\n    return 0.0\n"
 RIGHT = "def truncate_number(number: float) -> float:\n    return number % 1.0\n"

@@ -153,9 +153,9 @@ def test_eval_only_dataset_never_trains() -> None:
 
 
 def test_the_run_preflight_reports_a_question_file_as_corpus(tmp_path: Path) -> None:
-    """The run's preflight (what ``agent-r1 check`` and ``train`` run before any model loads) reaches
-    the tool's check through the environment and fails on a question file given as the corpus."""
-    from agent_r1.engine.preflight import preflight
+    """The run's preflight (run by ``agent-r1 train`` / ``check`` before any model loads) reaches the
+    tool's check through the environment and stops on a question file given as the corpus."""
+    from agent_r1 import AgentR1Error
     from agent_r1.engine.runner import prepare
     from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
 
@@ -167,9 +167,10 @@ def test_the_run_preflight_reports_a_question_file_as_corpus(tmp_path: Path) -> 
         f"model.path={model_dir}",
         f"output_dir={tmp_path / 'run'}",
     ]
-    report = preflight(*prepare(config, overrides), prepare_models=False)
-    (failure,) = report.failures
-    assert failure.name == "component"
-    assert failure.message.startswith(
-        "environment.tools[0] (search): retriever.corpus: the bundled 'musique'"
+    with pytest.raises(AgentR1Error) as error:
+        prepare(config, overrides)
+    assert (
+        "environment.tools[0] (search): retriever.corpus: the bundled 'musique' sample holds questions"
+        in str(error.value)
     )
+    assert not (tmp_path / "run").exists()  # nothing created

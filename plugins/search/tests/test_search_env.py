@@ -321,9 +321,13 @@ def test_search_r1_layout() -> None:
     )
     wandering, searched, answered = trajectory.steps
     assert not wandering.observation.done  # no search, no answer: the episode goes on
-    (message,) = searched.observation.messages
-    assert message["role"] == "user"
-    body = message["content"]
+    from agent_r1_plugin_search.env import SEARCH_R1_INVALID_ACTION
+
+    assert wandering.observation.continuation == SEARCH_R1_INVALID_ACTION
+    assert searched.observation.messages == []  # no chat message: the assistant's turn goes on
+    continuation = searched.observation.continuation
+    assert continuation.startswith("\n\n<information>") and continuation.endswith("</information>\n\n")
+    body = continuation.strip()
     assert body.startswith('<information>Doc 1(Title: "Tinted Windows') and body.endswith("</information>")
     assert body.count('\nDoc 2(Title: "') == 1 and body.count('\nDoc 3(Title: "') == 1
     titles = searched.observation.info["search"][0]["titles"]
@@ -335,3 +339,26 @@ def test_search_r1_layout() -> None:
 
     with pytest.raises((ConfigError, ValueError), match="layout 'search_r1' needs the tags format"):
         _env(layout="search_r1", format="hermes")
+
+
+def test_search_r1_layout_tokens_continue_the_assistant_turn() -> None:
+    """Through the real engine: after '<search> q </search>' come exactly the tokens of
+    '\n\n<information>...</information>\n\n' (tokenised on their own, as Search-R1 does), no
+    end-of-turn and no new assistant header, and the answer follows in the same assistant turn."""
+    from agent_r1.mdp import TokenSource
+    from agent_r1.testing import scripted_rollout
+    from agent_r1.testing.models import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    (trajectory,) = scripted_rollout(
+        lambda: _env(layout="search_r1"),
+        ["<search> Tinted Windows band </search>", "<answer> Tulsa </answer>"],
+        TASK,
+        tokenizer=tokenizer,
+    )
+    sources = [segment.source for segment in trajectory.segments]
+    assert sources == [TokenSource.PROMPT, TokenSource.POLICY, TokenSource.ENV, TokenSource.POLICY]
+    env_ids = trajectory.segments[2].token_ids
+    assert env_ids == tokenizer.encode(trajectory.steps[0].observation.continuation, add_special_tokens=False)
+    assert tokenizer.decode(trajectory.segments[1].token_ids).endswith("</search>")
+    assert trajectory.steps[-1].action.answer == "Tulsa" and trajectory.termination == "answer"

@@ -258,6 +258,7 @@ class Worker:
             if os.getpid() != self.pid:  # a child the code forked came back here: it must not reply
                 os._exit(0)
             payload["duration_s"] = time.perf_counter() - started
+            payload["nonce"] = command.get("nonce")
             self.reply(payload)
 
     def run_cell(self, source: str) -> dict:

@@ -35,8 +35,10 @@ from agent_r1 import (
     EpisodeStart,
     Observation,
     Task,
+    ToolCall,
     ToolEnv,
     ToolEnvConfig,
+    ToolResult,
 )
 from agent_r1_plugin_code.sandbox import SandboxConfig
 from agent_r1_plugin_code.tools import PythonTool, RunTestsTool
@@ -147,6 +149,17 @@ class CodeEnv(_SandboxedEnv):
         return await super().reset(task)
 
 
+FEW_SHOT: tuple[tuple[str, str, str], ...] = (
+    ("A box holds 12 pens. How many pens are in 7 boxes and 5 loose pens?", "print(12 * 7 + 5)", "89"),
+    (
+        "Tom had 50 apples. He gave away 18 and then bought 6 more. How many apples does he have?",
+        "print(50 - 18 + 6)",
+        "38",
+    ),
+)
+"""Worked math examples (question, python code, answer) shown as earlier turns."""
+
+
 class MathEnvConfig(_SandboxedConfig):
     """:class:`ToolEnvConfig` with the math defaults (python and calculator, ``<calc>`` tag)."""
 
@@ -161,6 +174,12 @@ class MathEnvConfig(_SandboxedConfig):
     system_prompt: str | None = MATH_PROMPT
     max_turns: int = Field(4, ge=1, description="actions per episode at most")
     call_timeout_s: float = Field(60.0, gt=0, description="a call running longer fails with 'timeout'")
+    few_shot: int = Field(
+        0,
+        ge=0,
+        le=len(FEW_SHOT),
+        description="worked examples (python call, result, answer) as earlier turns",
+    )
 
 
 class MathEnv(_SandboxedEnv):
@@ -169,6 +188,35 @@ class MathEnv(_SandboxedEnv):
     name = "math"
     Config = MathEnvConfig
     config: MathEnvConfig
+
+    async def reset(self, task: Task) -> EpisodeStart:
+        start = await super().reset(task)
+        examples = self.few_shot_messages()
+        if examples:
+            at = 1 if start.messages and start.messages[0].get("role") == "system" else 0
+            start.messages[at:at] = examples
+        return start
+
+    def few_shot_messages(self) -> list[dict[str, Any]]:
+        """The worked examples as messages written by the format itself (question, python call,
+        its result, answer); empty without the python tool or with a format that cannot write calls.
+        Small models follow demonstrations given as real turns far better than described ones."""
+        if "python" not in self.tools or not self.config.few_shot:
+            return []
+        messages: list[dict[str, Any]] = []
+        for index, (question, code, answer) in enumerate(FEW_SHOT[: self.config.few_shot]):
+            call = ToolCall(id=f"example-{index}", name="python", arguments={"code": code})
+            try:
+                written_call = self.format.render_call(call, self.tool_classes)
+                written_answer = self.format.render_answer(answer)
+            except NotImplementedError:
+                return []  # a format that cannot write calls gets no examples
+            result = ToolResult(call_id=call.id, name="python", content=f"stdout:\n{answer}")
+            messages.append({"role": "user", "content": question})
+            messages.append({"role": "assistant", "content": written_call})
+            messages.extend(self.format.render_results([result]))
+            messages.append({"role": "assistant", "content": written_answer})
+        return messages
 
 
 __all__ = ["CODE_PROMPT", "MATH_PROMPT", "CodeEnv", "MathEnv"]

@@ -3,11 +3,12 @@
 Model-written code runs in a separate process started from :mod:`agent_r1_plugin_code._runner`:
 
 * **namespaces** (the default where the machine allows it): the process starts inside
-  ``unshare --net --pid --mount-proc --fork --kill-child``: a new network namespace (only a
-  loopback device, which is down: no network at all), a new PID namespace (the code sees only its
-  own processes, and every process it leaves behind is killed when the sandbox ends), a new mount
-  namespace with a fresh ``tmpfs`` (``disk_mb``) as its working directory and ``/tmp`` and empty
-  read-only ``tmpfs`` over the other world-writable directories.
+  ``unshare --net --pid --ipc --uts --mount-proc --fork --kill-child``: a new network namespace
+  (only a loopback device, which is down: no network at all), a new PID namespace (the code sees
+  only its own processes, and every process it leaves behind is killed when the sandbox ends), new
+  IPC and UTS namespaces, and a new mount namespace with a fresh ``tmpfs`` (``disk_mb``) as its
+  working directory and ``/tmp``, and empty read-only ``tmpfs`` over the other world-writable
+  directories.
 * **user**: started as root, the code runs as an unprivileged user id drawn per sandbox from
   ``uid_range`` (``RLIMIT_NPROC`` is ignored for root, so this is what bounds a fork bomb; the code
   also cannot signal the trainer's processes or read their ``/proc`` entries). Started as another
@@ -33,6 +34,7 @@ import functools
 import json
 import os
 import random
+import secrets
 import selectors
 import shutil
 import signal
@@ -58,7 +60,7 @@ SANDBOX_WORKDIR = "/tmp"
 HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/run/shm")
 """World-writable directories covered by an empty read-only tmpfs inside a namespace sandbox."""
 NETWORK_FLAGS = ["--net"]
-ISOLATION_FLAGS = ["--pid", "--mount-proc", "--fork", "--kill-child"]
+ISOLATION_FLAGS = ["--pid", "--ipc", "--uts", "--mount-proc", "--fork", "--kill-child"]
 
 
 class SandboxUnavailable(EnvironmentFatalError):
@@ -375,7 +377,11 @@ class PythonSession:
                     line, self._pending = self._pending.split(b"\n", 1)
                     if sink is not None:
                         sink.drain(process)
-                    return json.loads(line)
+                    try:
+                        reply = json.loads(line)
+                    except ValueError:  # not the runner's writing: the caller's nonce check rejects it
+                        reply = None
+                    return reply if isinstance(reply, dict) else {"status": "unreadable"}
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if sink is not None:
@@ -450,14 +456,20 @@ class PythonSession:
             assert process is not None and process.stdin is not None
             sink = _Output(self.config)
             started = time.monotonic()
+            # A reply must echo this call's nonce: a line the code itself writes to the result pipe
+            # (it is an inherited file descriptor) is not taken for the verdict.
+            nonce = secrets.token_hex(16)
             try:
-                process.stdin.write((json.dumps(command) + "\n").encode())
+                process.stdin.write((json.dumps({**command, "nonce": nonce}) + "\n").encode())
                 process.stdin.flush()
             except (BrokenPipeError, OSError):
                 sink.reason = "exited"
                 reply = None
             else:
                 reply = self._read_reply(started + self.config.timeout_s, sink)
+            if reply is not None and reply.get("nonce") != nonce:
+                _kill_group(process)
+                reply, sink.reason = None, "forged"
             result = self._result(reply, sink, time.monotonic() - started)
             if result.status not in ("ok", "error"):
                 self._stop()
@@ -493,6 +505,12 @@ class PythonSession:
             _kill_group(process) if process else None
             return ExecutionResult(
                 status="timeout", error=f"timed out after {cfg.timeout_s:g} s (wall clock); killed", **base
+            )
+        if sink.reason == "forged":
+            return ExecutionResult(
+                status="crashed",
+                error="the code wrote to the sandbox's result channel; stopped, counts as failed",
+                **base,
             )
         if sink.reason == "output_limit":
             _kill_group(process) if process else None

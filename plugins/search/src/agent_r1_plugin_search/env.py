@@ -107,7 +107,9 @@ class SearchQAConfig(ToolEnvConfig):
     layout: Literal["agent_r1", "search_r1"] = Field(
         "agent_r1",
         description="search_r1: Search-R1's prompt as the user message (no system prompt), its result "
-        "text 'Doc i(Title: \"T\") text' in <information>, and a turn without search or answer goes on",
+        "text 'Doc i(Title: \"T\") text' in '\\n\\n<information>...</information>\\n\\n' appended "
+        "inside the assistant's turn (no chat-template tokens around it), and a turn without search or "
+        "answer goes on",
     )
     on_retrieval_error: Literal["raise", "env_error", "show"] = Field(
         "raise",
@@ -183,6 +185,14 @@ class SearchQAConfig(ToolEnvConfig):
         return spec
 
 
+SEARCH_R1_INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and "
+    "</answer>. Let me try again.\n"
+)
+"""What Search-R1 appends after an action with neither a search nor an answer (layout search_r1)."""
+
+
 class SearchQAEnv(ToolEnv):
     """Multi-hop QA with a search tool (see the module docstring for the options and protocol)."""
 
@@ -225,6 +235,15 @@ class SearchQAEnv(ToolEnv):
                 f"search_qa turn {turn}: the search tool failed: {failures[0].error}"
             )
         observation.info["search"] = [record.as_dict() for record in records if not record.error]
+        if self.config.layout == "search_r1" and not observation.done and not observation.tool_calls:
+            # Neither a search nor an answer: Search-R1 appends its fixed reminder and goes on
+            # (search_r1/llm_agent/generation.py in PeterGriffinJin/Search-R1).
+            return observation.model_copy(update={"messages": [], "continuation": SEARCH_R1_INVALID_ACTION})
+        if self.config.layout == "search_r1" and observation.messages:
+            # Search-R1 appends "\n\n<information>...</information>\n\n" to the model's own
+            # response, tokenised on its own, and generation goes on in the same assistant turn.
+            body = "\n".join(str(message.get("content", "")) for message in observation.messages).strip()
+            observation = observation.model_copy(update={"messages": [], "continuation": f"\n\n{body}\n\n"})
         return observation
 
     def _fatal(self, turn: int, error: str) -> EnvironmentFatalError:

@@ -1,0 +1,32 @@
+"""Tests of agent_r1.integrations against the real TRL and verl, run by `make test-integrations` in
+their own virtual environment (.venv-integrations). They are collected only when the pytest command
+line names this directory (or a file in it), so the main `make test` never imports TRL or verl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def _named_here(config: pytest.Config) -> bool:
+    for arg in config.args:
+        target = Path(str(arg).split("::")[0]).resolve()
+        if target == HERE or HERE in target.parents:
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if HERE in collection_path.resolve().parents and not _named_here(config):
+        return True  # the main suite: these need .venv-integrations
+    return None
+
+
+@pytest.fixture
+def calculator_tasks() -> list:
+    from agent_r1.registry import get_registry
+
+    return get_registry().build("datasets", "arithmetic", {"num_train": 8, "num_eval": 4}).load("train")
