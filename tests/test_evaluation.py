@@ -400,3 +400,34 @@ def test_the_report_says_how_answers_were_normalised() -> None:
     markdown = eval_markdown({**summary, "answer_normalization": {"qa_em": "official"}})
     assert "Answers normalised as: qa_em: official" in markdown
     assert "normalised" not in eval_markdown(summary)
+
+
+def test_datasets_named_in_task_metadata_get_their_own_table() -> None:
+    """Tasks whose categories have no '/' but whose metadata names a dataset (HumanEval, MBPP) are
+    summarised per dataset too."""
+    from agent_r1.mdp import RewardSignal, Task, Trajectory
+
+    tasks = {
+        f"{name}{i}": Task(id=f"{name}{i}", messages=[], category=name, metadata={"dataset": name})
+        for name in ("humaneval", "mbpp")
+        for i in range(2)
+    }
+    trajectories = []
+    for task_id in tasks:
+        for sample in range(2):
+            t = Trajectory(id=f"{task_id}/{sample}", task_id=task_id, group_id=task_id, sample_index=sample)
+            solved = task_id.startswith("humaneval") and sample == 0
+            t.rewards.append(RewardSignal(name="code_solved", value=float(solved)))
+            trajectories.append(t)
+    summary = summarize_eval(trajectories, tasks, success_signal="code_solved", ks=(1, 2))
+    assert set(summary["datasets"]) == {"humaneval", "mbpp"}
+    assert summary["datasets"]["humaneval"]["pass_at_k"] == {"pass@1": 0.5, "pass@2": 1.0}
+    assert summary["datasets"]["mbpp"]["success"] == 0.0
+
+
+def test_pass_k_is_configurable_and_greedy_repeats_are_warned_about() -> None:
+    from agent_r1.config import EvalConfig
+
+    assert EvalConfig(samples=100, temperature=0.8, pass_k=[1, 10, 100]).pass_k == [1, 10, 100]
+    with pytest.warns(UserWarning, match="every sample of a task is the same"):
+        EvalConfig(samples=4, temperature=0.0)

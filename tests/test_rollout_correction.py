@@ -38,7 +38,7 @@ def test_tis_cap_is_a_deprecated_alias_for_token_truncation() -> None:
 
 
 def test_tis_cap_conflicting_with_the_section_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="conflicts with algorithm.rollout_correction"):
+    with pytest.raises(ConfigError, match=r"conflicts with algorithm\.rollout_correction"):
         load_config(None, ["algorithm.tis_cap=2.0", "algorithm.rollout_correction.mode=mask"])
 
 

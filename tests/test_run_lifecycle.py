@@ -152,7 +152,9 @@ def test_too_many_environment_errors_stop_the_run_with_the_first_error(
         )
     message = str(caught.value)
     assert "12 of 16 episodes failed" in message and "max_error_rate=0.5" in message
-    assert "environment 'flaky' raised in step" in message and "ConnectionError: backend unavailable" in message
+    assert (
+        "environment 'flaky' raised in step" in message and "ConnectionError: backend unavailable" in message
+    )
 
 
 def test_a_fatal_environment_error_aborts_and_leaves_no_run_directory(
@@ -243,7 +245,13 @@ def test_updates_without_a_gradient_do_not_reset_the_non_finite_count(
         model_dir,
         tmp_path / "run",
         algorithm={"name": "grpo", "loss": {"name": "nan_loss"}},
-        trainer={"steps": 5, "tasks_per_step": 2, "micro_batch_size": 8, "max_bad_steps": 2, "grad_clip": None},
+        trainer={
+            "steps": 5,
+            "tasks_per_step": 2,
+            "micro_batch_size": 8,
+            "max_bad_steps": 2,
+            "grad_clip": None,
+        },
     )
     run = RunConfig.model_validate(config)
     session = build_session(run, validate_components(run, registry), tmp_path / "run", registry=registry)

@@ -229,9 +229,27 @@ class EvalConfig(_Section):
     split: str = Field("eval", description="dataset split to evaluate on")
     num_tasks: int = Field(64, ge=1, description="evaluate on the first this many tasks of the split")
     samples: int = Field(1, ge=1, description="samples per task (pass@k uses k <= samples)")
+    pass_k: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16],
+        description="the k of the pass@k figures (those above eval.samples are left out), e.g. [1, 10, 100]",
+    )
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
     before_training: bool = Field(True, description="also evaluate the untrained model")
     success_signal: str = Field("answer_match", description="reward signal that decides success")
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> EvalConfig:
+        if any(k < 1 for k in self.pass_k):
+            raise ValueError(f"pass_k values must be >= 1, got {self.pass_k}")
+        if self.samples > 1 and self.temperature == 0.0:
+            import warnings
+
+            warnings.warn(
+                f"eval.samples={self.samples} at eval.temperature=0 (greedy): every sample of a task is "
+                "the same, so pass@k equals pass@1; set eval.temperature > 0 to sample",
+                stacklevel=2,
+            )
+        return self
 
 
 class RunConfig(_Section):

@@ -1,6 +1,8 @@
 """Tests of agent_r1.integrations against the real TRL and verl, run by `make test-integrations` in
 their own virtual environment (.venv-integrations). They are collected only when the pytest command
-line names this directory (or a file in it), so the main `make test` never imports TRL or verl."""
+line names this directory (or a file in it), so the main `make test` never imports TRL or verl.
+Run them with `--import-mode=importlib` (the Makefile does): the default mode puts tests/ on
+sys.path, where the folder tests/vllm passes for the vllm package when TRL probes for it."""
 
 from __future__ import annotations
 

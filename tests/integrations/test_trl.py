@@ -17,6 +17,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 trl = pytest.importorskip("trl")
 
+from agent_r1.contracts import RewardShaper  # noqa: E402
 from agent_r1.integrations import IntegrationError  # noqa: E402
 from agent_r1.integrations.trl import (  # noqa: E402
     AgentR1RolloutFunc,
@@ -24,7 +25,6 @@ from agent_r1.integrations.trl import (  # noqa: E402
     TRLEnvironment,
     rollout_dict,
 )
-from agent_r1.contracts import RewardShaper  # noqa: E402
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory  # noqa: E402
 from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer  # noqa: E402
 
@@ -42,6 +42,16 @@ class DigitShare(RewardShaper):
         return [RewardSignal(name=self.name, value=sum(c.isdigit() for c in text) / max(len(text), 1))]
 
 
+class TokenHash(RewardShaper):
+    """A score in [0, 1) that differs between samples that differ (a stand-in for a real reward, so
+    that a group's advantages are not all zero)."""
+
+    name = "token_hash"
+
+    def score(self, trajectory: Trajectory, task: Any) -> list[RewardSignal]:
+        return [RewardSignal(name=self.name, value=(hash(tuple(trajectory.token_ids)) % 997) / 997)]
+
+
 def grpo_trainer(tmp_path: Path, rollout: AgentR1RolloutFunc, **overrides: Any) -> Any:
     """A GRPOTrainer on CPU with the tiny model saved to disk (as a user would load it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,6 +60,10 @@ def grpo_trainer(tmp_path: Path, rollout: AgentR1RolloutFunc, **overrides: Any) 
     model_dir = save_tiny_model(tmp_path / "model", arch="qwen2", seed=3)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if "tools" in overrides:  # TRL parses tool calls with a response schema; ours is Qwen's format
+        from trl.chat_template_utils import qwen3_schema
+
+        tokenizer.response_schema = qwen3_schema
     options: dict[str, Any] = {
         "output_dir": str(tmp_path / "out"),
         "per_device_train_batch_size": 4,
@@ -77,7 +91,9 @@ def grpo_trainer(tmp_path: Path, rollout: AgentR1RolloutFunc, **overrides: Any) 
     )
 
 
-def test_two_grpo_steps_on_cpu_with_the_calculator_environment(tmp_path: Path, calculator_tasks: list) -> None:
+def test_two_grpo_steps_on_cpu_with_the_calculator_environment(
+    tmp_path: Path, calculator_tasks: list
+) -> None:
     rollout = AgentR1RolloutFunc(
         "calculator",
         {"few_shot": 1},
@@ -106,7 +122,6 @@ def test_two_grpo_steps_on_cpu_with_the_calculator_environment(tmp_path: Path, c
 
 
 def test_rollout_dict_masks_everything_but_policy_tokens(calculator_tasks: list) -> None:
-    from agent_r1.builtins.hf_backend import HFBackend
     from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.registry import get_registry
     from agent_r1.testing.scripted import ScriptedBackend
@@ -128,7 +143,6 @@ def test_rollout_dict_masks_everything_but_policy_tokens(calculator_tasks: list)
     assert mask == [int(s is TokenSource.POLICY) for s in sources]
     assert 0 in mask and 1 in mask
     assert len(out["logprobs"][0]) == len(completion)
-    del HFBackend  # imported to check the hf backend module loads next to TRL
 
 
 def _hand_trajectory(observation_ids: list[int]) -> Trajectory:
@@ -151,6 +165,7 @@ def _loss_gradient(trainer: Any, trajectories: list[Trajectory], *, use_env_mask
     output["agent_r1_score"] = [1.0, 0.0]  # a group of two with different scores: non-zero advantages
     trainer.rollout_func = lambda prompts, _trainer: copy.deepcopy(output)
     trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.training_step during train()
     inputs = trainer._generate_and_score_completions([{"prompt": "x"}, {"prompt": "x"}])
     trainer.model.zero_grad()
     loss = trainer.compute_loss(trainer.model, inputs)
@@ -214,7 +229,7 @@ def _worker(calculator_tasks: list, **options: Any) -> AgentR1RolloutWorker:
         "tasks": calculator_tasks[:2],
         "group_size": 4,
         "tasks_per_round": 2,
-        "reward_shapers": [ANSWER_MATCH, {"name": "format", "weight": 0.5}],
+        "reward_shapers": [ANSWER_MATCH, {"name": "format", "weight": 0.5}, (TokenHash(), 1.0)],
         "max_turns": 2,
         "max_new_tokens": 10,
         "max_context": 1024,
@@ -244,7 +259,11 @@ def _through_trls_packer(samples: list[Any], microbatch_size: int) -> list[Any]:
         raise AssertionError("TRL's dataset waited on an empty queue: fewer rows than a micro-batch")
 
     dataset = RolloutQueueDataset(
-        buffer, model_version_fn=lambda: 0, check_health_fn=healthy, stale_after_s=1.0, metrics=metrics,
+        buffer,
+        model_version_fn=lambda: 0,
+        check_health_fn=healthy,
+        stale_after_s=1.0,
+        metrics=metrics,
         poll_interval_s=0.01,
     )
     batcher = FixedCountBatcher(dataset, num_processes=1, microbatch_size=microbatch_size)
@@ -266,15 +285,20 @@ def test_async_worker_rows_go_through_trls_packer_with_our_advantages(
     from agent_r1.engine.batch import collate
     from agent_r1.registry import get_registry
 
-    worker = _worker(calculator_tasks, estimator=estimator, estimator_options=options, granularity=granularity)
+    worker = _worker(
+        calculator_tasks, estimator=estimator, estimator_options=options, granularity=granularity
+    )
     samples = worker.produce()
     assert samples and all(isinstance(s, RolloutSample) for s in samples)
+    assert any(abs(s.advantage) > 1e-3 for s in samples)
     # our advantages: the estimator over the same trajectories, by hand
     kept = worker.last_trajectories
     assert kept
     batch = collate(kept, pad_token_id=0)
-    expected, _ = get_registry().build("advantage_estimators", estimator, options).compute(
-        AdvantageInput(batch.token_rewards, batch.loss_mask, batch.scores, batch.group_ids)
+    expected, _ = (
+        get_registry()
+        .build("advantage_estimators", estimator, options)
+        .compute(AdvantageInput(batch.token_rewards, batch.loss_mask, batch.scores, batch.group_ids))
     )
     for sample in samples:
         ids = sample.input_ids.tolist()
@@ -299,13 +323,27 @@ def test_async_worker_rows_go_through_trls_packer_with_our_advantages(
         sorted(a for s in samples for a in [s.advantage] * int(s.completion_mask.sum())), abs=1e-6
     )
     assert sorted(batch_out["old_log_probs"][0].tolist()) == pytest.approx(
-        sorted(lp for s in samples for lp in s.old_log_probs[s.completion_mask.astype(bool)].tolist()), abs=1e-6
+        sorted(lp for s in samples for lp in s.old_log_probs[s.completion_mask.astype(bool)].tolist()),
+        abs=1e-6,
     )
+
+
+class OutcomeOne(RewardShaper):
+    """Reward 1 for every episode."""
+
+    name = "outcome_one"
+
+    def score(self, trajectory: Trajectory, task: Any) -> list[RewardSignal]:
+        return [RewardSignal(name=self.name, value=1.0)]
 
 
 def test_async_worker_refuses_advantages_that_vary_within_a_row(calculator_tasks: list) -> None:
     worker = _worker(
-        calculator_tasks, estimator="reinforce_pp", estimator_options={"gamma": 0.5}, granularity="trajectory"
+        calculator_tasks,
+        estimator="reinforce_pp",
+        estimator_options={"gamma": 0.5},
+        granularity="trajectory",
+        reward_shapers=[(OutcomeOne(), 1.0)],  # a non-zero reward, so the discounting shows
     )
     with pytest.raises(IntegrationError, match="one advantage each"):
         worker.produce()
@@ -372,7 +410,9 @@ def test_a_trl_environment_class_runs_inside_agent_r1() -> None:
     [trajectory] = engine.collect([task], 1, seed=0)
 
     assert trajectory.termination == "answer"
-    assert [r.content for s in trajectory.steps for r in (s.observation.tool_results if s.observation else [])] == [
+    assert [
+        r.content for s in trajectory.steps for r in (s.observation.tool_results if s.observation else [])
+    ] == [
         "total=3",
         "total=7",
     ]

@@ -69,8 +69,9 @@ def register_algorithms() -> list[Any]:
 @hookimpl
 def register_rollout_backends() -> list[Any]:
     from agent_r1.builtins.hf_backend import HFBackend
+    from agent_r1.builtins.vllm_backend import VLLMBackend  # imports vLLM only when built
 
-    return [HFBackend]
+    return [HFBackend, VLLMBackend]
 
 
 @hookimpl

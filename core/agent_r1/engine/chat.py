@@ -121,8 +121,15 @@ def load_chat_template(value: str, *, where: str = "model.chat_template") -> str
         origin = str(path)
     import jinja2
 
-    try:  # the same extension transformers enables; filters and globals are checked when rendering
-        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    try:  # compiled as transformers compiles it ({% generation %} and its other extensions included)
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # pragma: no cover - an older transformers: its documented extension only
+
+        def _compile_jinja_template(source: str) -> Any:
+            return jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+
+    try:
+        _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as exc:
         raise ConfigError(
             f"{where}: Jinja syntax error in {origin} at line {exc.lineno}: {exc.message}", path=where

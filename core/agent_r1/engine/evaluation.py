@@ -227,13 +227,22 @@ class _EvalRows:
     def breakdowns(
         self, tasks_by_id: Mapping[str, Task], ks: Sequence[int]
     ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        """Statistics per category, and per dataset when categories read ``<dataset>/<type>``."""
+        """Statistics per category, and per dataset when categories read ``<dataset>/<type>`` or
+        tasks name their dataset (``task.metadata["dataset"]``)."""
         by_category: dict[str, list[str]] = defaultdict(list)
         for task_id in self.per_task:
             by_category[tasks_by_id[task_id].category or UNCATEGORIZED].append(task_id)
         categories = {category: self.group(by_category[category], ks) for category in sorted(by_category)}
         datasets: dict[str, dict[str, Any]] = {}
-        if any("/" in category for category in by_category):
+        named = {task_id: tasks_by_id[task_id].metadata.get("dataset") for task_id in self.per_task}
+        if not any("/" in category for category in by_category) and any(named.values()):
+            by_name: dict[str, list[str]] = defaultdict(list)
+            for task_id, name in named.items():
+                by_name[str(name or UNCATEGORIZED)].append(task_id)
+            for name, task_ids in sorted(by_name.items()):
+                members = sorted({tasks_by_id[t].category or UNCATEGORIZED for t in task_ids})
+                datasets[name] = {**self.group(task_ids, ks), "categories": members}
+        elif any("/" in category for category in by_category):
             by_dataset: dict[str, list[str]] = defaultdict(list)
             for category in sorted(by_category):
                 by_dataset[dataset_of(category)].append(category)

@@ -296,7 +296,8 @@ def _train_in(
     if session.is_main:
         from agent_r1.engine.export import export_final
 
-        summary["final"] = str(export_final(run_dir, session.unwrapped, session.tokenizer, config.model))
+        final = export_final(run_dir, session.unwrapped, session.tokenizer, config.model, step=session.step)
+        summary["final"] = str(final)
     if eval_tasks:
         after = run_eval(session, eval_tasks, label="after")
         summary["after"] = after
@@ -340,7 +341,7 @@ def _resume(session: Any, plain: dict[str, Any]) -> None:
             file=sys.stderr,
         )
     else:
-        session.load_state_dict(ckpt.load_checkpoint(latest))
+        session.load_state_dict(ckpt.load_checkpoint(latest), source=str(latest))
         print(f"--resume: continuing from {latest} (step {session.step})", file=sys.stderr)
     _truncate_jsonl(run_dir / "metrics.jsonl", "step", session.step)
     _truncate_jsonl(run_dir / "samples.jsonl", "policy_version", session.step - 1)
@@ -437,7 +438,7 @@ def run_eval(session: Any, tasks: list[Task], *, label: str) -> dict[str, Any]:
         salt=f"eval-{label}",
         progress=f"eval {label}",
     )
-    ks = tuple(k for k in (1, 2, 4, 8, 16) if k <= ev.samples)
+    ks = tuple(sorted({k for k in ev.pass_k if k <= ev.samples}))
     summary: dict[str, Any] = summarize_eval(
         trajectories, {t.id: t for t in tasks}, success_signal=ev.success_signal, ks=ks
     )
@@ -463,16 +464,14 @@ def evaluate(
     from agent_r1.engine.session import build_session
 
     config, components = prepare(config_path, overrides, skip=("output",) if out is not None else ())
-    state = None
+    state, path = None, None
     if checkpoint is not None:
-        path = Path(checkpoint)
-        if (path / "checkpoints").is_dir():
-            path = ckpt.latest_checkpoint(path / "checkpoints") or path
+        path = ckpt.resolve_checkpoint(checkpoint)  # a clear error for a wrong or corrupt path
         state = ckpt.load_checkpoint(path)
     out = Path(out or _expand_output_dir(config.output_dir, resume=True) / "eval")
     session = build_session(config, components, out, training=False)
     if state is not None:
-        session.load_state_dict(state)
+        session.load_state_dict(state, source=str(path))
     tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
     if not tasks:
         raise AgentR1Error(f"the dataset has no tasks in split {config.eval.split!r}")

@@ -187,9 +187,10 @@ class Session:
             state["critic_model"] = self.accelerator.unwrap_model(self.critic_model).state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output (weights only, when not training)."""
-        self.unwrapped.load_state_dict(state["model"])
+    def load_state_dict(self, state: dict[str, Any], *, source: str = "the checkpoint") -> None:
+        """Restore :meth:`state_dict`'s output (weights only, when not training). A checkpoint of
+        another model is an error naming ``source`` and the mismatched weights."""
+        ckpt.load_model_state(self.unwrapped, state["model"], source=source)
         self.step = int(state["step"])
         if self.training:
             assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None

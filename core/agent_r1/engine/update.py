@@ -17,7 +17,7 @@
    loss;
 7. the adaptive KL controller, metrics, ``session.step += 1`` and the weight sync to the backend.
 
-Algorithm options are the named branches you see here (``kl.placement``, ``tis_cap``,
+Algorithm options are the named branches you see here (``kl.placement``, ``rollout_correction``,
 ``critic.kind``, ``skip_idle_rows``); everything else is the estimator's and the loss's business.
 """
 

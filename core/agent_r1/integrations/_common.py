@@ -7,20 +7,22 @@ import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from agent_r1.contracts import Environment, RewardShaper
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Task, Trajectory
 
-EnvironmentSpec = Union[str, Callable[[], Environment]]
+EnvironmentSpec = str | Callable[[], Environment]
 """An installed environment's name, or a zero-argument callable returning a fresh environment."""
 
-ShaperSpec = Union[tuple[str, Mapping[str, Any], float], tuple[RewardShaper, float], Mapping[str, Any]]
+ShaperSpec = tuple[str, Mapping[str, Any], float] | tuple[RewardShaper, float] | Mapping[str, Any]
 """``(name, options, weight)``, ``(shaper instance, weight)`` or ``{"name", "options", "weight"}``."""
 
 
-def environment_factory(environment: EnvironmentSpec, options: Mapping[str, Any] | None = None) -> Callable[[], Environment]:
+def environment_factory(
+    environment: EnvironmentSpec, options: Mapping[str, Any] | None = None
+) -> Callable[[], Environment]:
     """A factory that builds one fresh environment per episode, from an installed environment's name
     (validated once, now) or from a callable."""
     if callable(environment):
@@ -70,7 +72,9 @@ def build_shapers(specs: Sequence[ShaperSpec]) -> list[tuple[RewardShaper, float
 
 
 def score(
-    trajectories: Sequence[Trajectory], tasks: Mapping[str, Task], shapers: Sequence[tuple[RewardShaper, float]]
+    trajectories: Sequence[Trajectory],
+    tasks: Mapping[str, Task],
+    shapers: Sequence[tuple[RewardShaper, float]],
 ) -> None:
     """Add every shaper's signals (times its weight) to each trajectory, as the bundled trainer does.
     A shaper that raises is recorded in ``trajectory.errors`` (the adapters then report the episode

@@ -19,13 +19,14 @@ Three adapters:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from agent_r1.contracts import Environment, EpisodeStart, RolloutBackend, SamplingParams
@@ -102,8 +103,8 @@ class AgentR1RolloutFunc:
     on tokens the policy did not sample), ``env_mask`` and the extra columns ``agent_r1_score``
     (None for an episode whose environment or a reward shaper failed: TRL then gives it no
     advantage), ``agent_r1_rewards`` (unweighted sum per signal name), ``agent_r1_num_turns``,
-    ``agent_r1_termination`` and ``agent_r1_truncated``. The latest trajectories are kept in
-    :attr:`last_trajectories`.
+    ``agent_r1_termination`` and ``agent_r1_truncated``. The latest trajectories and output are kept
+    in :attr:`last_trajectories` and :attr:`last_output`.
     """
 
     def __init__(
@@ -131,6 +132,8 @@ class AgentR1RolloutFunc:
         self.seed = seed
         self.calls = 0
         self.last_trajectories: list[Trajectory] = []
+        self.last_output: dict[str, list[Any]] = {}
+        """What the latest call returned to TRL."""
         self.__name__ = "agent_r1_rollout"  # TRL and accelerate log callables by name
 
     def dataset(self, tasks: Sequence[Task] | None = None) -> Any:
@@ -165,17 +168,30 @@ class AgentR1RolloutFunc:
                 "pass backend= (an agent-r1 RolloutBackend, such as the 'vllm' one) and sync its weights."
             )
 
-    def _backend(self, trainer: Any) -> tuple[RolloutBackend, Any]:
+    @contextlib.contextmanager
+    def _backend(self, trainer: Any) -> Iterator[tuple[RolloutBackend, Any]]:
+        """The backend to sample with: ``backend=`` (told the trainer's version), or the ``hf``
+        backend on the trainer's model, unwrapped the way TRL unwraps it for its own generation
+        (DeepSpeed ZeRO-3 parameters gathered, gradient checkpointing off)."""
         model, tokenizer = _model_and_tokenizer(trainer)
         version = int(trainer.state.global_step)
         if self.backend is not None:
             self.backend.sync_weights(model, version)
-            return self.backend, tokenizer
+            yield self.backend, tokenizer
+            return
+        from trl.models import unwrap_model_for_generation
+
         from agent_r1.builtins.hf_backend import HFBackend
 
-        backend = HFBackend({}, model=model, tokenizer=tokenizer)
-        backend.sync_weights(model, version)
-        return backend, tokenizer
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gather_deepspeed3_params=bool(getattr(trainer.args, "ds3_gather_for_generation", True)),
+            gradient_checkpointing_kwargs=getattr(trainer.args, "gradient_checkpointing_kwargs", None),
+        ) as unwrapped:
+            backend = HFBackend({}, model=unwrapped, tokenizer=tokenizer)
+            backend.sync_weights(unwrapped, version)
+            yield backend, tokenizer
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """Roll out one episode per prompt (TRL already repeats each prompt ``num_generations``
@@ -183,38 +199,42 @@ class AgentR1RolloutFunc:
         from agent_r1.engine.rollout import RolloutEngine
 
         self._check(trainer)
-        backend, tokenizer = self._backend(trainer)
         tasks = [self.book.task(prompt) for prompt in prompts]
         top_k = int(getattr(trainer, "top_k", 0) or 0)
-        engine = RolloutEngine(
-            backend,
-            tokenizer,
-            self.env_factory,
-            max_turns=self.max_turns,
-            max_new_tokens=self.max_new_tokens or int(trainer.max_completion_length),
-            max_context=self.max_context,
-            sampling=SamplingParams(
-                temperature=float(trainer.temperature),
-                top_p=float(getattr(trainer, "top_p", 1.0) or 1.0),
-                top_k=max(top_k, 0),
-            ),
-            on_env_error=self.on_env_error,
-        )
         step = int(trainer.state.global_step)
         self.calls += 1
-        seed = (self.seed * 1_000_003 + step * 9_973 + self.calls * 101) % 2**31
-        trajectories = engine.collect(
-            tasks, 1, seed=seed, policy_version=step, group_salt=f"trl-s{step}-c{self.calls}"
-        )
+        rank = int(getattr(trainer.accelerator, "process_index", 0))  # processes sample differently
+        seed = (self.seed * 1_000_003 + step * 9_973 + self.calls * 101 + rank * 7) % 2**31
+        with self._backend(trainer) as (backend, tokenizer):
+            engine = RolloutEngine(
+                backend,
+                tokenizer,
+                self.env_factory,
+                max_turns=self.max_turns,
+                max_new_tokens=self.max_new_tokens or int(trainer.max_completion_length),
+                max_context=self.max_context,
+                sampling=SamplingParams(
+                    temperature=float(trainer.temperature),
+                    top_p=float(getattr(trainer, "top_p", 1.0) or 1.0),
+                    top_k=max(top_k, 0),
+                ),
+                on_env_error=self.on_env_error,
+            )
+            trajectories = engine.collect(
+                tasks, 1, seed=seed, policy_version=step, group_salt=f"trl-s{step}-c{self.calls}"
+            )
         score(trajectories, {task.id: task for task in tasks}, self.shapers)
         self.last_trajectories = trajectories
-        return rollout_dict(trajectories)
+        self.last_output = rollout_dict(trajectories)
+        return self.last_output
 
     @property
     def reward_func(self) -> Callable[..., list[float | None]]:
         """A TRL reward function that returns ``agent_r1_score`` (agent-r1's weighted reward sum)."""
 
-        def agent_r1_score(completions: list[Any], agent_r1_score: list[float | None], **_: Any) -> list[float | None]:
+        def agent_r1_score(
+            completions: list[Any], agent_r1_score: list[float | None], **_: Any
+        ) -> list[float | None]:
             return list(agent_r1_score)
 
         return agent_r1_score
@@ -312,7 +332,9 @@ class AgentR1RolloutWorker:
         self.tasks = list(tasks)
         self.group_size = group_size
         self.tasks_per_round = tasks_per_round
-        self.estimator = get_registry().build("advantage_estimators", estimator, dict(estimator_options or {}))
+        self.estimator = get_registry().build(
+            "advantage_estimators", estimator, dict(estimator_options or {})
+        )
         if self.estimator.needs_critic or self.estimator.needs_baseline_rollout:
             raise IntegrationError(
                 f"advantage estimator {estimator!r} needs a critic or a baseline rollout, which "

@@ -29,8 +29,20 @@ pytestmark = [
     pytest.mark.timeout(300),
 ]
 
+MUTATIONS = (
+    ("<=", "<"),
+    (">=", ">"),
+    ("==", "!="),
+    (" < ", " > "),
+    (" > ", " < "),
+    (" + ", " - "),
+    (" - ", " + "),
+    ("True", "False"),
+    ("return ", "return not "),
+)
+"""The first of these that applies turns a canonical solution into a mutant (an operator flipped)."""
 TASKS = 8
-"""Problems whose wrong solutions are compared (six kinds of wrong each)."""
+"""Problems whose wrong solutions are compared (six kinds of wrong and a control each)."""
 
 
 def problem_of(task: Task) -> dict:
@@ -67,20 +79,15 @@ def test_canonical_solutions_pass(humaneval_tasks: list[Task]) -> None:
 
 
 def wrong_completions(task: Task) -> dict[str, str]:
-    """Deliberately wrong completions of one problem: several kinds of wrong."""
+    """Deliberately wrong completions of one problem, several kinds of wrong, plus one right one as a
+    control (so that agreement on "passes" is checked too)."""
     canonical = task.metadata["reference_solution"]
     mutated = canonical
-    for old, new in (
-        ("<=", "<"),
-        (">=", ">"),
-        ("==", "!="),
-        (" + 1", " + 2"),
-        (" - 1", " - 2"),
-        ("True", "False"),
-    ):
+    for old, new in MUTATIONS:
         if old in canonical:
             mutated = canonical.replace(old, new, 1)
             break
+    assert mutated != canonical, task.id
     return {
         "returns None": "    return None\n",
         "raises": "    raise ValueError('not today')\n",
@@ -88,6 +95,7 @@ def wrong_completions(task: Task) -> dict[str, str]:
         "mutated": mutated,
         "loops forever": "    while True:\n        pass\n",
         "exits": "    import sys\n    sys.exit(0)\n",
+        "right (control)": f"    # the canonical body, behind a comment\n{canonical}",
     }
 
 
@@ -119,4 +127,5 @@ def test_verdicts_on_wrong_solutions_equal_the_reference(humaneval_tasks: list[T
         ]
     disagreements = [row for row in compared if row[2] != row[3]]
     assert disagreements == [], disagreements
-    assert len(compared) == TASKS * 6 and any(row[2] is False for row in compared)
+    assert len(compared) == TASKS * 7
+    assert [row[1] for row in compared if row[2]] == ["right (control)"] * TASKS  # only the controls pass

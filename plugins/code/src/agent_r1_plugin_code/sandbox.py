@@ -501,8 +501,9 @@ class PythonSession:
             )
         process = self._process
         cfg = self.config
+        if process is not None and sink.reason in ("timeout", "output_limit"):
+            _kill_group(process)
         if sink.reason == "timeout":
-            _kill_group(process) if process else None
             return ExecutionResult(
                 status="timeout", error=f"timed out after {cfg.timeout_s:g} s (wall clock); killed", **base
             )
@@ -513,7 +514,6 @@ class PythonSession:
                 **base,
             )
         if sink.reason == "output_limit":
-            _kill_group(process) if process else None
             return ExecutionResult(
                 status="output_limit",
                 error=f"wrote more than {cfg.max_output_bytes} bytes of output; killed",
