@@ -133,6 +133,7 @@ def test_environment_errors_are_counted_and_never_trained_on(
     metrics = summary["last_metrics"]
     assert metrics["errors/failed_episodes"] == 4.0  # one task x group_size 4
     assert metrics["errors/failed_rate"] == pytest.approx(0.25)
+    assert "4 failed episode(s), not trained on" in (tmp_path / "run" / "run.log").read_text()
     samples = (tmp_path / "run" / "samples.jsonl").read_text()
     assert '"t0@' not in samples  # the failed task's episodes were not trained on (nor logged as such)
 

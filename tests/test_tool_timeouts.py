@@ -238,7 +238,12 @@ def test_process_isolated_infrastructure_and_fatal_errors_cross_the_process_boun
 
 @pytest.mark.parametrize(("tool", "processes"), [("hang", 1), ("hang_in_process", 2)])
 def test_sigint_during_a_hung_call_exits_promptly(tool: str, processes: int, tmp_path: Path) -> None:
-    program = "import sys, hung_tools; hung_tools.interrupt_me(sys.argv[1], sys.argv[2])"
+    # Python leaves SIGINT ignored when it starts with it ignored (a suite launched in the background
+    # by a non-interactive shell): install the default handler, as an interactive session has it.
+    program = (
+        "import signal, sys, hung_tools; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "hung_tools.interrupt_me(sys.argv[1], sys.argv[2])"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     runner = subprocess.Popen(
         [sys.executable, "-c", program, tool, str(tmp_path)],

@@ -413,6 +413,11 @@ class RolloutBackend(Component):
         """Make the backend sample from ``model``'s current weights (tagged ``version``)."""
         self.policy_version = version
 
+    def step_metrics(self) -> dict[str, float]:
+        """Figures of the backend's latest weight sync, sleep and wake (``backend/...``), logged with
+        each training step's metrics. Since: 0.2.0 (default: none)."""
+        return {}
+
 
 class Tracker(Component):
     """Receives metrics once per step (never per token)."""

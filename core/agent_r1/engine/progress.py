@@ -54,6 +54,9 @@ class TrainingProgress:
         if "reward/answer_match" in metrics:
             info += f" | answer {metrics['reward/answer_match']:.2f}"
         info += f" | {metrics.get('time/step_s', 0.0):.1f}s/step"
+        failed = int(metrics.get("errors/failed_episodes", 0))
+        if failed:  # episodes set aside because their environment or reward shaper failed
+            info += f" | {failed} failed episode(s), not trained on"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, info=info)
         else:

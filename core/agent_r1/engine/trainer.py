@@ -39,6 +39,7 @@ def train_step(session: Session) -> StepResult:
     trajectories, failed, metrics = collect(session, step)
     _check_failures(session, trajectories, failed, metrics)
     metrics.update(update(session, trajectories))
+    metrics.update(session.backend.step_metrics())  # weight sync, sleep/wake figures
     metrics["time/step_s"] = time.perf_counter() - started
     accounted = (
         "time/rollout_s",  # generation, tools and rewards
