@@ -133,25 +133,15 @@ class HFBackend(RolloutBackend):
 
     # -- setup ----------------------------------------------------------------------------------
     def _find_stop_token_ids(self) -> set[int]:
-        from agent_r1.engine.chat import end_of_turn_token_ids
+        """Token ids that end a turn (see :func:`agent_r1.engine.chat.turn_stop_token_ids`)."""
+        from agent_r1.engine.chat import turn_stop_token_ids
 
-        ids: set[int] = set(self.config.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        generation_config = getattr(self.model, "generation_config", None)
-        configured = getattr(generation_config, "eos_token_id", None)
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif configured is not None:
-            ids.update(int(i) for i in configured)
-        ids.update(end_of_turn_token_ids(self.tokenizer))
-        if not ids:
-            raise AgentR1Error(
-                "the 'hf' rollout backend found no token that ends a turn: the tokenizer has no "
-                "eos_token, the model's generation_config no eos_token_id and the chat template no "
-                "end-of-turn token. Set rollout.backend.stop_token_ids."
-            )
-        return ids
+        return turn_stop_token_ids(
+            self.tokenizer,
+            getattr(self.model, "generation_config", None),
+            self.config.stop_token_ids,
+            backend=self.name,
+        )
 
     @property
     def device(self) -> torch.device:

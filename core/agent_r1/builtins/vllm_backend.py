@@ -180,24 +180,14 @@ class VLLMBackend(RolloutBackend):
     # -- setup ----------------------------------------------------------------------------------
     def _find_stop_token_ids(self, model: Any) -> set[int]:
         """The same end-of-turn set as the ``hf`` backend."""
-        from agent_r1.engine.chat import end_of_turn_token_ids
+        from agent_r1.engine.chat import turn_stop_token_ids
 
-        ids: set[int] = set(self.config.stop_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        configured = getattr(getattr(_base_model(model), "generation_config", None), "eos_token_id", None)
-        if isinstance(configured, int):
-            ids.add(configured)
-        elif configured is not None:
-            ids.update(int(i) for i in configured)
-        ids.update(end_of_turn_token_ids(self.tokenizer))
-        if not ids:
-            raise AgentR1Error(
-                "the 'vllm' rollout backend found no token that ends a turn: the tokenizer has no "
-                "eos_token, the model's generation_config no eos_token_id and the chat template no "
-                "end-of-turn token. Set rollout.backend.stop_token_ids."
-            )
-        return ids
+        return turn_stop_token_ids(
+            self.tokenizer,
+            getattr(_base_model(model), "generation_config", None),
+            self.config.stop_token_ids,
+            backend=self.name,
+        )
 
     def _model_dir(self, model: Any) -> tuple[Path, bool]:
         """A directory vLLM can read the architecture and tokenizer from, and whether it holds the

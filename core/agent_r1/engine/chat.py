@@ -523,6 +523,30 @@ class ChatRenderer:
                 )
 
 
+def turn_stop_token_ids(
+    tokenizer: PreTrainedTokenizerBase, generation_config: Any, extra: Sequence[int], *, backend: str
+) -> set[int]:
+    """Every token id that ends a turn for a rollout backend: ``extra`` (the backend's configured
+    ``stop_token_ids``), the tokenizer's EOS, the model's ``generation_config.eos_token_id`` (one id
+    or several) and the chat template's end-of-turn tokens. Raises when there is none."""
+    ids: set[int] = {int(i) for i in extra}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    configured = getattr(generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured is not None:
+        ids.update(int(i) for i in configured)
+    ids.update(end_of_turn_token_ids(tokenizer))
+    if not ids:
+        raise AgentR1Error(
+            f"the {backend!r} rollout backend found no token that ends a turn: the tokenizer has no "
+            "eos_token, the model's generation_config no eos_token_id and the chat template no "
+            "end-of-turn token. Set rollout.backend.stop_token_ids."
+        )
+    return ids
+
+
 def end_of_turn_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """The special token that the chat template puts right after assistant content (``<|im_end|>``,
     ``<|eot_id|>``...), as a list; empty when there is no template or no such token. Renders with

@@ -232,7 +232,7 @@ def tcp_server() -> Iterator[tuple[int, list[str]]]:
         while not stop.is_set():
             try:
                 connection, peer = server.accept()
-            except TimeoutError:
+            except TimeoutError:  # a poll tick: look at the stop flag again
                 continue
             accepted.append(str(peer))
             connection.sendall(b"hello\n")

@@ -379,8 +379,6 @@ def main() -> None:
             pid, status = os.wait()
         except ChildProcessError:
             sys.exit(1)
-        except InterruptedError:
-            continue
         if pid == worker:
             os._exit(_exit_code(status))
 
