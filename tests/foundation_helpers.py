@@ -444,7 +444,7 @@ DISTRIBUTIONS: dict[str, PluginDistribution] = {
     ),
 }
 
-ISOLATE = "builtins,search,code"
+ISOLATE = "builtins,search,code,mcp"
 """Plugins installed in the development environment that these tests leave out (for speed and
 so that only the test distributions decide the outcome)."""
 

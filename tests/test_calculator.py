@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from agent_r1.builtins.calculator import (
     CATEGORIES,
+    FEW_SHOT_BY_CATEGORY,
     ArithmeticDataset,
     CalculatorEnv,
     CalculatorError,
@@ -314,6 +315,26 @@ def test_calculator_env_options(builtin_registry: Registry) -> None:
     assert start.tools == [CalculatorTool.schema()]
     with pytest.raises(ConfigError, match="unknown key 'few_shots'"):
         builtin_registry.build("environments", "calculator", {"few_shots": 1})
+    chosen = builtin_registry.build("environments", "calculator", {"few_shot": ["divide", "two_step"]})
+    shown = asyncio.run(chosen.reset(task)).messages
+    calls = [m["content"] for m in shown if m["role"] == "assistant" and "<calc>" in str(m["content"])]
+    results = [m["content"] for m in shown if m["role"] == "user" and "<result>" in str(m["content"])]
+    assert calls == ["<calc>3262/14</calc>", "<calc>12*36+215</calc>"]
+    assert results == ["<result>233</result>", "<result>647</result>"]  # computed by the real tool
+    with pytest.raises(ConfigError, match="few_shot=6: give 0 to 5 examples"):
+        builtin_registry.build("environments", "calculator", {"few_shot": 6})
+    with pytest.raises(ConfigError, match="few_shot"):
+        builtin_registry.build("environments", "calculator", {"few_shot": ["modulo"]})
+
+
+def test_every_few_shot_example_is_right_and_no_generated_task_repeats_it() -> None:
+    for kind, (_question, expression) in FEW_SHOT_BY_CATEGORY.items():
+        assert kind in CATEGORIES
+        value = evaluate(expression, Limits())
+        assert value == int(value) and value > 0, (kind, expression, value)
+    dataset = ArithmeticDataset()
+    questions = {t.messages[0]["content"] for split in ("train", "eval") for t in dataset.load(split)}
+    assert not questions & {question for question, _ in FEW_SHOT_BY_CATEGORY.values()}
 
 
 def test_a_scripted_agent_solves_every_eval_task(builtin_registry: Registry) -> None:

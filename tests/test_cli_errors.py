@@ -91,6 +91,17 @@ def test_truncated_weights(site: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_launch_for_sharded_training_stops_before_the_model_loads(site: Path, tmp_path: Path) -> None:
+    # `accelerate launch` with an FSDP configuration file sets ACCELERATE_USE_FSDP for the process;
+    # on this CPU machine accelerate would silently train with DDP instead, so preflight refuses it.
+    model_dir = write_tiny_checkpoint(tmp_path / "model")
+    config, _ = _train_config(tmp_path, model_dir)
+    message = _error(agent_r1(["train", str(config)], site, ACCELERATE_USE_FSDP="true"))
+    assert "launched for sharded training with FSDP (ACCELERATE_USE_FSDP=true)" in message
+    assert "which agent-r1 does not support yet" in message and "docs/gpu.md" in message
+    assert not (tmp_path / "runs").exists(), "a refused run left a run directory"
+
+
 def test_missing_tokenizer_files(site: Path, tmp_path: Path) -> None:
     model_dir = write_tiny_checkpoint(tmp_path / "model")
     (model_dir / "tokenizer.json").unlink()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def test_unknown_key_names_the_path_and_suggests(tmp_path: Path) -> None:
     assert error.path == "rollouts"
     error = config_error(None, ["rollout.max_turn=4"])
     assert "rollout.max_turn: unknown key 'max_turn'. Did you mean 'max_turns'?" in str(error)
-    assert "Valid keys: backend, group_size, max_context" in str(error)
+    assert re.search(r"Valid keys: (\w+, )*backend, (\w+, )*group_size, max_context", str(error))
     assert error.path == "rollout.max_turn"
     error = config_error(None, ["algorithm.kl.coeff=0.1"])
     assert "algorithm.kl.coeff: unknown key 'coeff'. Did you mean 'coef'?" in str(error)

@@ -25,6 +25,7 @@ from agent_r1.builtins.estimators import (
     ReinforcePPBaseline,
     ReMax,
 )
+from agent_r1.builtins.gigpo import GiGPO
 from agent_r1.builtins.losses import LOSSES
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, Algorithm
 from agent_r1.engine.loss_utils import AGGREGATION_MODES
@@ -33,6 +34,8 @@ from agent_r1.registry import validate_component_config
 
 SETTINGS = settings(max_examples=60, deadline=None)
 EPS_WHITEN = 1e-8
+ALL_ESTIMATORS: list[type[AdvantageEstimator]] = [*ESTIMATORS, GiGPO]
+"""Everything the bundled plugin registers (``gigpo`` and the turn-level options: tests/test_gigpo.py)."""
 
 # --------------------------------------------------------------------------------------------
 # Naive references: lists of floats, one trajectory at a time.
@@ -169,7 +172,22 @@ class Batch:
             group_ids=list(self.group_ids),
             values=torch.tensor(self.values, dtype=f64),
             baseline_scores=torch.tensor(self.baseline, dtype=f64),
+            turn_ids=torch.tensor(self.turn_ids, dtype=torch.long),
+            anchor_keys=[[f"turn{k}" for k in range(max(row, default=-1) + 1)] for row in self.turn_ids],
         )
+
+    @property
+    def turn_ids(self) -> list[list[int]]:
+        """Each run of policy tokens is one turn (the turn-level estimators need turn ids)."""
+        out = []
+        for m_row in self.mask:
+            turn, row = -1, []
+            for t, m in enumerate(m_row):
+                if m and (t == 0 or not m_row[t - 1]):
+                    turn += 1
+                row.append(turn if m else -1)
+            out.append(row)
+        return out
 
 
 small_floats = st.floats(-3.0, 3.0, allow_nan=False, width=32)
@@ -321,7 +339,7 @@ def test_all_equal_scores_give_zero_advantage(batch: Batch, estimator: type[Adva
 
 
 @SETTINGS
-@given(batch=batches(), estimator=st.sampled_from(ESTIMATORS))
+@given(batch=batches(), estimator=st.sampled_from(ALL_ESTIMATORS))
 def test_permuting_the_batch_permutes_the_advantages(
     batch: Batch, estimator: type[AdvantageEstimator]
 ) -> None:
@@ -335,6 +353,8 @@ def test_permuting_the_batch_permutes_the_advantages(
         group_ids=[batch.group_ids[i] for i in order],
         values=inputs.values[order] if inputs.values is not None else None,
         baseline_scores=inputs.baseline_scores[order] if inputs.baseline_scores is not None else None,
+        turn_ids=inputs.turn_ids[order] if inputs.turn_ids is not None else None,
+        anchor_keys=[inputs.anchor_keys[i] for i in order] if inputs.anchor_keys is not None else None,
     )
     advantages, returns = estimator().compute(inputs)
     advantages_p, returns_p = estimator().compute(permuted)
@@ -418,7 +438,7 @@ def test_flags_and_names() -> None:
     assert [e.name for e in ESTIMATORS if e.needs_baseline_rollout] == ["remax"]
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS, ids=lambda e: e.name)
+@pytest.mark.parametrize("estimator", ALL_ESTIMATORS, ids=lambda e: e.name)
 def test_every_config_field_is_documented(estimator: type[AdvantageEstimator]) -> None:
     for field_name, field in estimator.Config.model_fields.items():
         assert field.description, f"{estimator.name}.Config.{field_name} has no description"
@@ -461,7 +481,7 @@ def test_mismatched_group_ids_are_rejected() -> None:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: a.name)
 def test_algorithm_bundle_resolves(algorithm: type[Algorithm]) -> None:
-    estimators = {estimator.name: estimator for estimator in ESTIMATORS}
+    estimators = {estimator.name: estimator for estimator in ALL_ESTIMATORS}
     losses = {loss.name: loss for loss in LOSSES}
     estimator = estimators[algorithm.estimator]
     estimator.Config.model_validate(algorithm.estimator_config)
@@ -473,7 +493,9 @@ def test_algorithm_bundle_resolves(algorithm: type[Algorithm]) -> None:
 
 def test_algorithm_choices() -> None:
     by_name = {algorithm.name: algorithm for algorithm in ALGORITHMS}
-    assert sorted(by_name) == ["dapo", "dr_grpo", "grpo", "ppo", "reinforce_pp", "rloo"]
+    assert sorted(by_name) == ["dapo", "dr_grpo", "gigpo", "grpo", "ppo", "reinforce_pp", "rloo"]
+    assert by_name["gigpo"].estimator == "gigpo"
+    assert by_name["gigpo"].estimator_config == {"gamma": 0.95, "step_weight": 1.0, "scale": "group"}
     assert by_name["ppo"].needs_critic and by_name["ppo"].estimator == "gae"
     assert by_name["dr_grpo"].estimator_config == {"scale": "none"}
     assert by_name["dr_grpo"].aggregation == "seq-mean-token-sum-norm"

@@ -63,6 +63,24 @@ def test_a_good_config_passes_every_check_and_creates_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "preflight created files"
 
 
+@pytest.mark.parametrize(
+    ("variable", "label"),
+    [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")],
+)
+def test_a_sharded_accelerate_launch_fails(
+    registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, label: str
+) -> None:
+    monkeypatch.setenv(variable, "true")
+    report = _report(registry, model_dir, tmp_path / "run")
+    failure = _messages(report, "distributed", "fail")
+    assert f"sharded training with {label} ({variable}=true)" in failure, report.as_dicts()
+    assert "LoRA" in failure
+    monkeypatch.setenv(variable, "false")
+    assert "data parallel (DDP) over" in _messages(
+        _report(registry, model_dir, tmp_path / "run"), "distributed", "ok"
+    )
+
+
 def test_lora_target_that_is_not_a_module_fails_with_a_suggestion(
     registry: Any, model_dir: Path, tmp_path: Path
 ) -> None:

@@ -433,18 +433,76 @@ def rollout(
     typer.echo(f"wrote {count} trajectories to {out}")
 
 
+@app.command("serve-policy")
+def serve_policy(
+    overrides: list[str] = OverridesArg,
+    config_path: str | None = typer.Option(
+        None, "--config", help="run config YAML: model, rollout backend, chat template, token limits"
+    ),
+    model: str | None = typer.Option(None, "--model", help="model directory or bundled name (model.path)"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8000, help="port to listen on"),
+    served_model_name: str | None = typer.Option(
+        None, help="the model name clients send (default: the last part of the model path)"
+    ),
+    tool_format: str | None = typer.Option(
+        None, help="tool-call format that shows tools and reads calls back (default: hermes)"
+    ),
+    max_new_tokens: int | None = typer.Option(None, help="tokens per call at most (rollout.max_new_tokens)"),
+    max_context: int | None = typer.Option(
+        None, help="prompt + completion tokens at most (rollout.max_context)"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="append finished episodes' trajectories to this JSONL"
+    ),
+) -> None:
+    """Serve the policy as an OpenAI-compatible API that records token-faithful episodes.
+
+    /v1/chat/completions (tools, tool calls, streaming), /v1/completions and /v1/models, also under
+    /episodes/<id>/v1 to tie calls to an episode; POST /episodes/<id>/reward and
+    /episodes/<id>/finish (see docs/gateway.md). Needs FastAPI and uvicorn (the gateway extra).
+    """
+    from agent_r1.gateway.serve import serve_policy as run_server
+
+    try:
+        run_server(
+            config_path,
+            overrides or [],
+            model=model,
+            host=host,
+            port=port,
+            served_model_name=served_model_name,
+            tool_format=tool_format,
+            max_new_tokens=max_new_tokens,
+            max_context=max_context,
+            out=out,
+        )
+    except AgentR1Error as exc:
+        _fail(exc)
+
+
 @app.command("eval")
 def evaluate(
     config_path: str = typer.Argument(..., help="run config YAML"),
     overrides: list[str] = OverridesArg,
     checkpoint: Path | None = typer.Option(None, help="checkpoint directory to evaluate"),
     out: Path | None = typer.Option(None, help="directory for eval.json and eval.md"),
+    decoding: str | None = typer.Option(
+        None,
+        help="sample | value_guided | best_of_k (eval.decoding.kind); the last two need "
+        "eval.temperature > 0, value_guided the trained critic (--checkpoint of a PPO run)",
+    ),
+    candidates: int | None = typer.Option(
+        None, help="actions sampled per turn for value_guided / best_of_k (eval.decoding.candidates)"
+    ),
 ) -> None:
     """Evaluate a policy on held-out tasks: success/EM/F1, pass@k, tool use, turns."""
     from agent_r1.engine.runner import evaluate as run_eval
 
+    extra = [] if decoding is None else [f"eval.decoding.kind={decoding}"]
+    extra += [] if candidates is None else [f"eval.decoding.candidates={candidates}"]
     try:
-        report = run_eval(config_path, overrides or [], checkpoint=checkpoint, out=out)
+        report = run_eval(config_path, [*(overrides or []), *extra], checkpoint=checkpoint, out=out)
     except AgentR1Error as exc:
         _fail(exc)
     typer.echo(report.get("markdown", json.dumps(report.get("summary", {}), indent=2)))

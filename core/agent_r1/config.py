@@ -70,6 +70,95 @@ class ModelConfig(_Section):
     )
 
 
+class DecodingConfig(_Section):
+    """How each turn's action is chosen (see docs/value_guided.md). ``sample`` draws one action;
+    ``value_guided`` draws ``candidates`` actions per episode in one batched backend call and keeps
+    the one the trained critic values highest at its last token; ``best_of_k`` keeps the one a
+    verifier scores highest. Ties go to the first candidate, i.e. the plain sample."""
+
+    kind: Literal["sample", "value_guided", "best_of_k"] = Field(
+        "sample", description="'sample' (one action per turn), 'value_guided' or 'best_of_k'"
+    )
+    candidates: int = Field(4, ge=1, description="value_guided / best_of_k: actions sampled per turn (K)")
+    verifier: str = Field(
+        "format",
+        description="best_of_k: 'format' (1 when the environment parses the action into a tool call "
+        "or an answer without errors, else 0) or a Python path module:function, called as "
+        "fn(action, messages) -> float",
+    )
+    critic: str | None = Field(
+        None,
+        description="value_guided in evaluation: a run directory, checkpoint or exported model (with "
+        "its critic/ folder) holding the trained critic; null: the evaluated checkpoint, else "
+        "model.path's critic/ folder",
+    )
+    critic_batch_size: int = Field(16, ge=1, description="value_guided: sequences per critic forward pass")
+
+    def check_temperature(self, temperature: float, where: str) -> None:
+        """Several candidates at temperature 0 are one greedy action K times: refuse that."""
+        if self.kind != "sample" and self.candidates > 1 and temperature == 0.0:
+            raise ValueError(
+                f"{where}.decoding.kind={self.kind} with {self.candidates} candidates at "
+                f"{where}.temperature=0 (greedy) draws the same action {self.candidates} times; set "
+                f"{where}.temperature > 0 (e.g. 1.0)"
+            )
+
+
+class AgentProgramConfig(_Section):
+    """The user's agent program, launched once per episode when ``rollout.source`` is ``gateway``
+    (see docs/gateway.md). It gets the gateway through ``OPENAI_BASE_URL`` (an episode's own URL),
+    ``OPENAI_API_KEY``, ``AGENT_R1_MODEL`` and ``AGENT_R1_EPISODE_ID``, the task as JSON on stdin
+    and in ``AGENT_R1_TASK``, and prints its final answer as the last line of stdout."""
+
+    command: list[str] | None = Field(
+        None,
+        description="the program and its arguments, e.g. [python, my_agent.py] (no shell); a relative "
+        "program path is relative to cwd",
+    )
+    callable: str | None = Field(
+        None,
+        description="instead of command: a Python function 'module:function' called as fn(task) in a "
+        "fresh process; its return value is the final answer (may be async)",
+    )
+    timeout_s: float = Field(
+        300.0, gt=0, description="an episode's program is killed after this many seconds"
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, description="programs running at once; null runs every episode of a rollout at once"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    cwd: str | None = Field(None, description="working directory of the program (default: the current one)")
+
+    @model_validator(mode="after")
+    def _one_program(self) -> AgentProgramConfig:
+        if self.command is not None and self.callable is not None:
+            raise ValueError("set either command or callable, not both")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty; give the program and its arguments, e.g. [python, agent.py]")
+        return self
+
+
+class GatewayConfig(_Section):
+    """The in-process policy gateway of ``rollout.source: gateway`` (an OpenAI-compatible server on
+    127.0.0.1; see docs/gateway.md)."""
+
+    host: str = Field("127.0.0.1", description="address the gateway listens on")
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    served_model_name: str | None = Field(
+        None, description="the model name agents send; null: the last part of model.path"
+    )
+    tool_call_format: ComponentSpec | None = Field(
+        None,
+        description="how tools are shown to the model and its tool calls read back into OpenAI "
+        "tool_calls (a tool-call format component); null: hermes (<tool_call> JSON) without an "
+        "answer tag",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="a call that takes longer gets HTTP 504")
+    batch_wait_s: float = Field(
+        0.02, ge=0, description="how long the gateway waits for more calls to batch with the first"
+    )
+
+
 class RolloutConfig(_Section):
     """How episodes are sampled during training."""
 
@@ -83,6 +172,42 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1 disables)")
     top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens (0 disables)")
+    decoding: DecodingConfig = Field(
+        default_factory=DecodingConfig,
+        description="how each turn's action is chosen in training rollouts (value_guided needs a critic)",
+    )
+
+    @model_validator(mode="after")
+    def _check_decoding(self) -> RolloutConfig:
+        self.decoding.check_temperature(self.temperature, "rollout")
+        return self
+
+    source: Literal["engine", "gateway"] = Field(
+        "engine",
+        description="'engine': agent-r1's agent loop with the configured environment; 'gateway': the "
+        "user's own agent program (rollout.agent) calls an OpenAI-compatible policy gateway",
+    )
+    agent: AgentProgramConfig = Field(
+        default_factory=AgentProgramConfig, description="the agent program (rollout.source: gateway)"
+    )
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="the policy gateway (rollout.source: gateway)"
+    )
+
+    @model_validator(mode="after")
+    def _check_source(self) -> RolloutConfig:
+        if self.source == "gateway":
+            if self.agent.command is None and self.agent.callable is None:
+                raise ValueError(
+                    "rollout.source is 'gateway' but no agent program is set: give rollout.agent.command "
+                    "(e.g. [python, my_agent.py]) or rollout.agent.callable (module:function)"
+                )
+            if self.decoding.kind != "sample":
+                raise ValueError(
+                    f"rollout.decoding.kind={self.decoding.kind} needs agent-r1's own agent loop; with "
+                    "rollout.source 'gateway' the agent program decides its turns (use kind: sample)"
+                )
+        return self
 
 
 class KLConfig(_Section):
@@ -236,11 +361,16 @@ class EvalConfig(_Section):
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy")
     before_training: bool = Field(True, description="also evaluate the untrained model")
     success_signal: str = Field("answer_match", description="reward signal that decides success")
+    decoding: DecodingConfig = Field(
+        default_factory=DecodingConfig,
+        description="how each turn's action is chosen in evaluation (value_guided loads the trained critic)",
+    )
 
     @model_validator(mode="after")
     def _check_samples(self) -> EvalConfig:
         if any(k < 1 for k in self.pass_k):
             raise ValueError(f"pass_k values must be >= 1, got {self.pass_k}")
+        self.decoding.check_temperature(self.temperature, "eval")
         if self.samples > 1 and self.temperature == 0.0:
             import warnings
 
@@ -426,6 +556,9 @@ def component_sections(config: RunConfig) -> list[tuple[str, str, ComponentSpec]
         sections.append(("algorithm.loss", "policy_losses", config.algorithm.loss))
     sections += [(f"rewards[{i}]", "reward_shapers", spec) for i, spec in enumerate(config.rewards)]
     sections += [(f"trackers[{i}]", "trackers", spec) for i, spec in enumerate(config.trackers)]
+    spec = config.rollout.gateway.tool_call_format
+    if config.rollout.source == "gateway" and spec is not None:
+        sections.append(("rollout.gateway.tool_call_format", "tool_call_formats", spec))
     return sections
 
 

@@ -288,6 +288,32 @@ class RewardShaper(Component):
         """The reward signals of a finished ``trajectory`` of ``task`` (may be ``async``)."""
         raise NotImplementedError
 
+    def score_batch(
+        self, trajectories: Sequence[Trajectory], tasks: Sequence[Task]
+    ) -> list[list[RewardSignal] | Exception]:
+        """The signals of many finished trajectories at once (``tasks[i]`` is the task of
+        ``trajectories[i]``), in order; a shaper that runs a model (``reward_model``,
+        ``llm_judge``) overrides it to batch its forward passes. An item may be the exception that
+        scoring that one trajectory raised, which a caller treats as if :meth:`score` had raised
+        for it. The default calls :meth:`score` on each (awaiting it when it is ``async``).
+        Since: 0.2.0"""
+        import asyncio
+
+        out: list[list[RewardSignal] | Exception] = []
+        for trajectory, task in zip(trajectories, tasks, strict=True):
+            try:
+                result = self.score(trajectory, task)
+                if inspect.isawaitable(result):
+                    result = asyncio.run(_awaited(result))
+                out.append(list(result or []))
+            except Exception as exc:  # handed back in place: the caller attributes it to this item
+                out.append(exc)
+        return out
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
 
 @dataclass
 class AdvantageInput:
@@ -299,6 +325,13 @@ class AdvantageInput:
     group_ids: Sequence[str]  # [B]: trajectories sampled for the same task share an id
     values: torch.Tensor | None = None  # [B, T] critic values (gae)
     baseline_scores: torch.Tensor | None = None  # [B] greedy-rollout scores (remax)
+    turn_ids: torch.Tensor | None = None
+    """``[B, T]`` long: the turn of each policy-sampled token, -1 on every other token (turn-level
+    estimators: ``gigpo``, ``turn_level`` options). Set by the engine; see
+    :func:`agent_r1.engine.turns.turn_ids`. Since: 0.2.0"""
+    anchor_keys: Sequence[Sequence[str]] | None = None
+    """Per trajectory, one key per turn number naming the state before that turn (``gigpo``'s
+    step groups). Set by the engine; see :func:`agent_r1.engine.turns.anchor_keys`. Since: 0.2.0"""
 
 
 class AdvantageEstimator(Component):
@@ -312,6 +345,11 @@ class AdvantageEstimator(Component):
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
         """``(advantages, returns)`` for ``batch``, both ``[B, T]`` and zero outside the loss mask."""
         raise NotImplementedError
+
+    def step_metrics(self) -> dict[str, float]:
+        """Figures of the latest :meth:`compute` (e.g. ``gigpo/step_group_size_mean``), logged with
+        the training step's metrics. Since: 0.2.0 (default: none)."""
+        return {}
 
 
 @dataclass

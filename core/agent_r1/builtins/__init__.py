@@ -40,16 +40,16 @@ def register_datasets() -> list[Any]:
 
 @hookimpl
 def register_reward_shapers() -> list[Any]:
-    from agent_r1.builtins import rewards
+    from agent_r1.builtins import reward_models, rewards
 
-    return list(rewards.SHAPERS)
+    return [*rewards.SHAPERS, *reward_models.SHAPERS]
 
 
 @hookimpl
 def register_advantage_estimators() -> list[Any]:
-    from agent_r1.builtins import estimators
+    from agent_r1.builtins import estimators, gigpo
 
-    return list(estimators.ESTIMATORS)
+    return [*estimators.ESTIMATORS, gigpo.GiGPO]
 
 
 @hookimpl

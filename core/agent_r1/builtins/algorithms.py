@@ -85,6 +85,18 @@ class ReinforcePP(Algorithm):
     aggregation = "token-mean"
 
 
-ALGORITHMS: list[type[Algorithm]] = [PPO, GRPO, DrGRPO, DAPO, RLOO, ReinforcePP]
+class GiGPO(Algorithm):
+    """GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training"): GRPO's
+    episode-level advantage plus a step-level advantage over turns that start from the same anchor
+    state (γ = 0.95 per turn, ω = 1, std normalisation), the clipped surrogate, token-mean."""
 
-__all__ = ["ALGORITHMS", "DAPO", "GRPO", "PPO", "RLOO", "DrGRPO", "ReinforcePP"]
+    name = "gigpo"
+    estimator = "gigpo"
+    estimator_config: ClassVar[dict[str, Any]] = {"gamma": 0.95, "step_weight": 1.0, "scale": "group"}
+    loss = "ppo_clip"
+    aggregation = "token-mean"
+
+
+ALGORITHMS: list[type[Algorithm]] = [PPO, GRPO, DrGRPO, DAPO, RLOO, ReinforcePP, GiGPO]
+
+__all__ = ["ALGORITHMS", "DAPO", "GRPO", "PPO", "RLOO", "DrGRPO", "GiGPO", "ReinforcePP"]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agent_r1.builtins.tool_env import ToolEnv, ToolError
 from agent_r1.contracts import ComponentConfig, ComponentSpec, Dataset, EpisodeStart, Tool
@@ -468,12 +468,23 @@ class ArithmeticDataset(Dataset):
 # --------------------------------------------------------------------------------------------
 
 SYSTEM_PROMPT = "Solve the math problem. Use the calculator for every calculation."
-FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
-    ("A crate holds 23 jars. How many jars are in 41 crates?", "23*41"),
-    ("A shop had 512 apples and sold 178. How many apples are left?", "512-178"),
-    ("A farm has 126 cows, 348 sheep and 57 goats. How many animals are there?", "126+348+57"),
-)
-"""Worked examples (question, expression) shown as earlier conversation turns."""
+FEW_SHOT_BY_CATEGORY: dict[str, tuple[str, str]] = {
+    "multiply": ("A crate holds 23 jars. How many jars are in 41 crates?", "23*41"),
+    "subtract": ("A shop had 512 apples and sold 178. How many apples are left?", "512-178"),
+    "add": ("A farm has 126 cows, 348 sheep and 57 goats. How many animals are there?", "126+348+57"),
+    "divide": (
+        "14 boxes hold 3262 pens in all, the same number in each. How many pens are in one box?",
+        "3262/14",
+    ),
+    "two_step": (
+        "A shop has 12 bags of 36 nuts and 215 loose nuts. How many nuts does it have?",
+        "12*36+215",
+    ),
+}
+"""One worked example (question, expression) per problem kind, shown as earlier conversation turns.
+Numbers and wording differ from every generated task."""
+FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = tuple(FEW_SHOT_BY_CATEGORY.values())
+"""The worked examples in order: ``few_shot: k`` shows the first ``k``."""
 
 
 class CalculatorEnv(ToolEnv):
@@ -499,12 +510,20 @@ class CalculatorEnv(ToolEnv):
             description="tool-call format; the default calls the calculator with <calc>...</calc>",
         )
         system_prompt: str | None = SYSTEM_PROMPT
-        few_shot: int = Field(
+        few_shot: int | list[Category] = Field(
             2,
-            ge=0,
-            le=len(FEW_SHOT_EXAMPLES),
-            description="worked examples shown as earlier conversation turns",
+            description="worked examples shown as earlier conversation turns: a count (the first k of "
+            "multiply, subtract, add, divide, two_step) or the problem kinds to show, in order",
         )
+
+        @field_validator("few_shot")
+        @classmethod
+        def _known_examples(cls, value: int | list[Category]) -> int | list[Category]:
+            if isinstance(value, int) and not 0 <= value <= len(FEW_SHOT_EXAMPLES):
+                raise ValueError(f"few_shot={value}: give 0 to {len(FEW_SHOT_EXAMPLES)} examples")
+            if isinstance(value, list) and len(set(value)) != len(value):
+                raise ValueError(f"few_shot lists a problem kind more than once: {value}")
+            return value
 
     config: Config
 
@@ -523,7 +542,13 @@ class CalculatorEnv(ToolEnv):
         if tool is None or not self.config.few_shot:
             return []
         messages: list[Message] = []
-        for index, (question, expression) in enumerate(FEW_SHOT_EXAMPLES[: self.config.few_shot]):
+        chosen = self.config.few_shot
+        examples = (
+            FEW_SHOT_EXAMPLES[:chosen]
+            if isinstance(chosen, int)
+            else tuple(FEW_SHOT_BY_CATEGORY[kind] for kind in chosen)
+        )
+        for index, (question, expression) in enumerate(examples):
             value = tool.run(tool.Arguments.model_validate({"expression": expression}))
             call = ToolCall(id=f"example-{index}", name=tool.name, arguments={"expression": expression})
             try:
@@ -541,6 +566,7 @@ class CalculatorEnv(ToolEnv):
 
 __all__ = [
     "CATEGORIES",
+    "FEW_SHOT_BY_CATEGORY",
     "GENERATORS",
     "ArithmeticDataset",
     "CalculatorEnv",

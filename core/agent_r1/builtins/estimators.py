@@ -16,15 +16,24 @@ answers), or to the first policy token when none precedes it.
 Score-level estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``, ``remax``) use the
 trajectory score ``s_i`` (all weighted rewards, process ones included) and broadcast one advantage to
 the trajectory's policy tokens.
+
+Turn-level options (``turn_level: true`` on ``grpo``, ``rloo`` and ``reinforce_pp``) replace the one
+scalar per trajectory by a return per action turn: with ``r_{i,j}`` the rewards on the tokens of the
+j-th action turn of trajectory i (its process rewards; the outcome lands on the last turn),
+``R_{i,j} = r_{i,j} + γ·R_{i,j+1}``. ``grpo`` and ``rloo`` then compare ``R_{i,j}`` with the returns
+of the other trajectories of the group *at the same turn position j*; ``reinforce_pp`` whitens
+``R_{i,j}`` over the batch. The helpers here (:func:`turn_table`, :func:`turn_returns`,
+:func:`broadcast_turns`) serve those options and :mod:`agent_r1.builtins.gigpo`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, ComponentConfig
 from agent_r1.engine.loss_utils import masked_whiten
@@ -50,6 +59,13 @@ def _check_input(batch: AdvantageInput) -> None:
         )
 
 
+def _check_gamma(gamma: float, turn_level: bool) -> None:
+    if gamma != 1.0 and not turn_level:
+        raise ValueError(
+            f"gamma={gamma} discounts turn-level returns only: set turn_level: true, or drop gamma"
+        )
+
+
 def group_index(group_ids: Sequence[str], device: torch.device | None = None) -> tuple[torch.Tensor, int]:
     """Map group ids to dense integers: ``(index [B] long, number of groups)``, in order of first
     appearance."""
@@ -62,13 +78,18 @@ def group_stats(scores: torch.Tensor, group_ids: Sequence[str]) -> tuple[torch.T
     """Per-trajectory statistics of its group, all ``[B]``: ``(count, sum, mean, unbiased std)``.
     A group of one has std 0. Computed with ``index_add_``, without a loop over trajectories."""
     index, num_groups = group_index(group_ids, scores.device)
-    ones = torch.ones_like(scores)
-    count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, ones)
-    total = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(0, index, scores)
-    mean = total / count  # [G]
-    squares = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(
-        0, index, (scores - mean[index]) ** 2
-    )
+    return index_stats(scores, index, num_groups)
+
+
+def index_stats(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, ...]:
+    """For ``values`` ``[N]`` in groups ``index`` ``[N]`` (dense, ``0 .. num_groups - 1``), each
+    entry's group statistics, all ``[N]``: ``(count, sum, mean, unbiased std)``; a group of one
+    has std 0."""
+    zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    count = zeros.clone().index_add_(0, index, torch.ones_like(values))
+    total = zeros.clone().index_add_(0, index, values)
+    mean = total / count.clamp(min=1)  # [G]
+    squares = zeros.clone().index_add_(0, index, (values - mean[index]) ** 2)
     std = torch.sqrt(squares / (count - 1).clamp(min=1))  # [G]; 0 for a group of one
     return count[index], total[index], mean[index], std[index]
 
@@ -130,6 +151,114 @@ def policy_token_scan(
 
 
 # --------------------------------------------------------------------------------------------
+# Turns: per-turn rewards and returns (turn-level options, gigpo)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TurnTable:
+    """A batch seen per turn: column k is turn number k of every trajectory."""
+
+    rewards: torch.Tensor  # [B, K] float: the rewards on the turn's tokens (0 where absent)
+    present: torch.Tensor  # [B, K] bool: the trajectory has action tokens in turn k
+    position: torch.Tensor  # [B, K] long: k's rank among the trajectory's action turns, -1 where absent
+    turn_ids: torch.Tensor  # [B, T] long: the input's turn ids (-1 off actions)
+
+
+def turn_table(batch: AdvantageInput, estimator: str) -> TurnTable:
+    """Check ``batch.turn_ids`` and sum the token rewards of each action turn. A reward on a token
+    outside every action is credited to the last action token before it (or the first action token
+    when none precedes it), as the token-level estimators do."""
+    turn_ids = batch.turn_ids
+    mask = batch.loss_mask
+    if turn_ids is None:
+        raise ValueError(
+            f"advantage estimator {estimator!r} needs AdvantageInput.turn_ids (the turn of each policy "
+            "token, -1 elsewhere); the trainer fills it, and agent_r1.engine.turns.turn_ids builds it "
+            "from trajectories when you call the estimator yourself"
+        )
+    if turn_ids.shape != mask.shape or turn_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"AdvantageInput.turn_ids must be an integer tensor shaped like loss_mask {tuple(mask.shape)}, "
+            f"got {turn_ids.dtype} {tuple(turn_ids.shape)}"
+        )
+    turn_ids = turn_ids.long()
+    if bool((mask & (turn_ids < 0)).any()):
+        raise ValueError(
+            "AdvantageInput.turn_ids is -1 on a token of loss_mask: every policy token needs its turn"
+        )
+    action = turn_ids >= 0  # [B, T]: action tokens, loss-masked or not
+    rewards = torch.where(action, rewards_on_policy_tokens(batch.token_rewards, action), 0.0)  # [B, T]
+    width = int(turn_ids.max()) + 1 if bool(action.any()) else 1
+    column = turn_ids.clamp(min=0)  # [B, T]
+    per_turn = rewards.new_zeros(mask.shape[0], width).scatter_add_(1, column, rewards)  # [B, K]
+    tokens = torch.zeros(mask.shape[0], width, dtype=torch.long, device=mask.device)
+    present = tokens.scatter_add_(1, column, action.long()) > 0  # [B, K]
+    position = torch.where(present, present.long().cumsum(dim=1) - 1, -1)  # [B, K]
+    return TurnTable(per_turn, present, position, turn_ids)
+
+
+def turn_returns(table: TurnTable, gamma: float) -> torch.Tensor:
+    """Discounted return per action turn, ``[B, K]``: ``R_j = r_j + γ·R_{j'}`` with j' the
+    trajectory's next action turn (turn numbers without action tokens are skipped, not
+    discounted); 0 where the turn is absent."""
+    returns = torch.zeros_like(table.rewards)  # [B, K]
+    carry = table.rewards.new_zeros(table.rewards.shape[0])  # [B]
+    for k in range(table.rewards.shape[1] - 1, -1, -1):
+        current = table.rewards[:, k] + gamma * carry
+        carry = torch.where(table.present[:, k], current, carry)
+        returns[:, k] = torch.where(table.present[:, k], current, 0.0)
+    return returns
+
+
+def broadcast_turns(per_turn: torch.Tensor, turn_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, K]`` per-turn values → ``[B, T]`` on the policy tokens of each turn, 0 elsewhere."""
+    spread = per_turn.gather(1, turn_ids.clamp(min=0))  # [B, T]
+    return torch.where(mask & (turn_ids >= 0), spread, 0.0)
+
+
+def position_cells(
+    table: TurnTable, group_ids: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The present (trajectory, turn) cells of ``table`` and their (group, turn position) cell:
+    ``(rows [N], turns [N], cell [N] dense long, number of cells)``."""
+    rows, turns = table.present.nonzero(as_tuple=True)  # [N] each
+    group, _ = group_index(group_ids, table.present.device)
+    key = group[rows] * table.present.shape[1] + table.position[rows, turns]  # [N]
+    _, cell = torch.unique(key, return_inverse=True)
+    return rows, turns, cell, int(cell.max()) + 1 if cell.numel() else 0
+
+
+def _turn_level_advantages(
+    batch: AdvantageInput,
+    estimator: str,
+    gamma: float,
+    baseline: Literal["grpo", "rloo"],
+    scale: str,
+    eps: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``grpo``/``rloo`` with ``turn_level``: each turn's return against its (group, position) cell."""
+    table = turn_table(batch, estimator)
+    returns = turn_returns(table, gamma)  # [B, K]
+    rows, turns, cell, num_cells = position_cells(table, batch.group_ids)
+    values = returns[rows, turns]  # [N]
+    count, total, mean, std = index_stats(values, cell, num_cells)
+    if baseline == "rloo":
+        centred = torch.where(count > 1, values - (total - values) / (count - 1).clamp(min=1), 0.0)
+    else:
+        centred = torch.where(count > 1, values - mean, 0.0)
+        if scale == "group":
+            centred = centred / (std + eps)
+        elif scale == "batch":
+            batch_std = values.std(unbiased=True) if values.numel() > 1 else values.new_zeros(())
+            centred = centred / (batch_std + eps)
+    per_turn = torch.zeros_like(returns)
+    per_turn[rows, turns] = centred
+    metrics = {"turn_level/lone_turn_share": float((count == 1).double().mean()) if count.numel() else 0.0}
+    return broadcast_turns(per_turn, table.turn_ids, batch.loss_mask), metrics
+
+
+# --------------------------------------------------------------------------------------------
 # Token-level estimators
 # --------------------------------------------------------------------------------------------
 
@@ -174,23 +303,35 @@ class ReinforcePP(AdvantageEstimator):
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
     Language Models"): the discounted return ``G_t = r_t + γ·G_{t'}`` over policy tokens (t' the
     next policy token, so process rewards count from where they occur), whitened over the batch's
-    policy tokens. ``returns`` are the raw ``G_t``."""
+    policy tokens. ``returns`` are the raw ``G_t``. With ``turn_level`` every token of an action turn
+    gets that turn's return ``R_{i,j} = r_{i,j} + γ·R_{i,j+1}`` (γ per turn, not per token)."""
 
     name = "reinforce_pp"
 
     class Config(ComponentConfig):
-        gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per policy token")
+        gamma: float = Field(
+            1.0, ge=0.0, le=1.0, description="discount per policy token (per action turn with turn_level)"
+        )
         whiten: bool = Field(True, description="whiten the returns over the batch's policy tokens")
+        turn_level: bool = Field(
+            False,
+            description="one return per action turn, discounted per turn, on every token of the turn "
+            "(instead of per token)",
+        )
 
     config: Config
 
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
         _check_input(batch)
         mask = batch.loss_mask  # [B, T] bool
-        rewards = rewards_on_policy_tokens(batch.token_rewards, mask)  # [B, T]
-        returns = policy_token_scan(
-            rewards, torch.zeros_like(rewards), mask, self.config.gamma, 1.0
-        )  # [B, T]
+        if self.config.turn_level:
+            table = turn_table(batch, self.name)
+            returns = broadcast_turns(turn_returns(table, self.config.gamma), table.turn_ids, mask)  # [B, T]
+        else:
+            rewards = rewards_on_policy_tokens(batch.token_rewards, mask)  # [B, T]
+            returns = policy_token_scan(
+                rewards, torch.zeros_like(rewards), mask, self.config.gamma, 1.0
+            )  # [B, T]
         advantages = masked_whiten(returns, mask) if self.config.whiten else returns
         return advantages, returns
 
@@ -205,7 +346,11 @@ class GRPOEstimator(AdvantageEstimator):
     ``A_i = (s_i − mean_g) / (std_g + ε)`` with the unbiased group std, broadcast to the policy
     tokens. ``scale="batch"`` divides by the std of all scores in the batch instead (group mean,
     batch std); ``scale="none"`` does not divide (Dr.GRPO; Liu et al. 2025, "Understanding
-    R1-Zero-Like Training"). A group of one gets A = 0. ``returns`` equal the advantages."""
+    R1-Zero-Like Training"). A group of one gets A = 0. ``returns`` equal the advantages.
+
+    ``turn_level``: the same formula per action turn, on the turn's discounted return ``R_{i,j}``
+    and the returns of the group's trajectories at the same turn position j (``scale="batch"``:
+    the std of all turn returns of the batch); a turn alone at its position gets 0."""
 
     name = "grpo"
 
@@ -214,11 +359,37 @@ class GRPOEstimator(AdvantageEstimator):
             "group", description="divide by the group std, the batch std, or nothing (Dr.GRPO)"
         )
         eps: float = Field(1e-6, gt=0.0, description="added to the std before dividing")
+        turn_level: bool = Field(
+            False,
+            description="one advantage per action turn: the turn's discounted return against the group's "
+            "returns at the same turn position",
+        )
+        gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per action turn (turn_level only)")
+
+        @model_validator(mode="after")
+        def _gamma_needs_turns(self) -> GRPOEstimator.Config:
+            _check_gamma(self.gamma, self.turn_level)
+            return self
 
     config: Config
 
+    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._metrics: dict[str, float] = {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """With ``turn_level``: ``turn_level/lone_turn_share``, the share of action turns alone at
+        their turn position in their group (advantage 0)."""
+        return dict(self._metrics)
+
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
         _check_input(batch)
+        if self.config.turn_level:
+            cfg = self.config
+            advantages, self._metrics = _turn_level_advantages(
+                batch, self.name, cfg.gamma, "grpo", cfg.scale, cfg.eps
+            )
+            return advantages, advantages.clone()
         scores = batch.scores  # [B]
         count, _, mean, std = group_stats(scores, batch.group_ids)  # [B] each
         centred = torch.where(count > 1, scores - mean, torch.zeros_like(scores))  # [B]
@@ -234,17 +405,41 @@ class GRPOEstimator(AdvantageEstimator):
 class RLOO(AdvantageEstimator):
     """REINFORCE leave-one-out (Ahmadian et al. 2024, "Back to Basics"): ``A_i = s_i −`` the mean
     score of the other G−1 trajectories of the group, broadcast to the policy tokens. A group of
-    one gets A = 0. ``returns`` equal the advantages."""
+    one gets A = 0. ``returns`` equal the advantages. ``turn_level``: the same per action turn, on
+    the discounted turn returns at the same turn position (see :class:`GRPOEstimator`)."""
 
     name = "rloo"
 
     class Config(ComponentConfig):
-        pass
+        turn_level: bool = Field(
+            False,
+            description="one advantage per action turn: the turn's discounted return minus the mean "
+            "return of the group's other trajectories at the same turn position",
+        )
+        gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per action turn (turn_level only)")
+
+        @model_validator(mode="after")
+        def _gamma_needs_turns(self) -> RLOO.Config:
+            _check_gamma(self.gamma, self.turn_level)
+            return self
 
     config: Config
 
+    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._metrics: dict[str, float] = {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """With ``turn_level``: ``turn_level/lone_turn_share`` (see :class:`GRPOEstimator`)."""
+        return dict(self._metrics)
+
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
         _check_input(batch)
+        if self.config.turn_level:
+            advantages, self._metrics = _turn_level_advantages(
+                batch, self.name, self.config.gamma, "rloo", "none", 1.0
+            )
+            return advantages, advantages.clone()
         scores = batch.scores  # [B]
         count, total, _, _ = group_stats(scores, batch.group_ids)  # [B] each
         others_mean = (total - scores) / (count - 1).clamp(min=1)
@@ -321,8 +516,14 @@ __all__ = [
     "ReMax",
     "ReinforcePP",
     "ReinforcePPBaseline",
+    "TurnTable",
+    "broadcast_turns",
     "group_index",
     "group_stats",
+    "index_stats",
     "policy_token_scan",
+    "position_cells",
     "rewards_on_policy_tokens",
+    "turn_returns",
+    "turn_table",
 ]

@@ -40,8 +40,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-MAX_WORKER_THREADS = 64
-"""Worker threads that run synchronous tool calls at once (per process); more calls wait."""
+MAX_WORKER_THREADS = 256
+"""Worker threads that run synchronous tool calls at once (per process); more calls wait. Threads
+are started on demand, so the bound only matters for large batches: it is four times the 64
+trajectories of a common rollout batch, because a smaller bound makes a batch's calls of a slow
+synchronous tool wait in waves (128 trajectories of a 200 ms tool took two latencies per turn with
+64 workers)."""
 
 MAX_ABANDONED_CALLS = 64
 """Calls past their timeout that may still be running in threads before new calls are refused."""

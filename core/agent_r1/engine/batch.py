@@ -126,20 +126,31 @@ def policy_forward(
     projection over the prompt. When all rows share a prefix of at least ``share_prefix`` tokens
     (the G samples of one task share their whole prompt), the prefix is run once and its KV cache
     expanded to the batch; gradients flow through the cache, so the result and its gradient are
-    those of the plain forward pass at a fraction of the cost (0 disables this).
+    those of the plain forward pass at a fraction of the cost (0 disables this). ``with_hidden``
+    returns the last hidden state of every position ``[B, T, H]`` (for a value head on the shared
+    backbone); with a shared prefix, the prefix's positions come from its single pass, expanded.
     """
     size, length = input_ids.shape
     first = min(max(start - 1, 0), length - 1)
     prefix = min(shared_prefix_length(input_ids, attention_mask), first) if share_prefix else 0
-    if prefix < max(share_prefix, 1) or with_hidden:
+    if prefix < max(share_prefix, 1):
         prefix = 0
     past = None
+    prefix_hidden = None  # [B, P, H]
     if prefix:
         from transformers import DynamicCache
 
         past = DynamicCache()
-        model(input_ids=input_ids[:1, :prefix], past_key_values=past, use_cache=True, logits_to_keep=1)
+        head = model(
+            input_ids=input_ids[:1, :prefix],
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=with_hidden,
+        )
         past.batch_repeat_interleave(size)
+        if with_hidden:
+            prefix_hidden = head.hidden_states[-1].expand(size, -1, -1)
     outputs = model(
         input_ids=input_ids[:, prefix:],
         attention_mask=attention_mask.long(),
@@ -162,7 +173,9 @@ def policy_forward(
         token_entropy = log_norm - (probs * logits).sum(-1)  # [B, T']
         entropy = torch.zeros_like(logprobs)
         entropy[:, first + 1 :] = token_entropy
-    hidden = outputs.hidden_states[-1] if with_hidden else None
+    hidden = outputs.hidden_states[-1] if with_hidden else None  # [B, T - P, H]
+    if hidden is not None and prefix_hidden is not None:
+        hidden = torch.cat([prefix_hidden, hidden], dim=1)  # [B, T, H]
     return ForwardOut(logprobs=logprobs, entropy=entropy, hidden=hidden)
 
 

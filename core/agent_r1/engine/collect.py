@@ -17,18 +17,16 @@ No hooks, trackers or files here: the runner owns those.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from agent_r1.engine.session import Session
 from agent_r1.errors import AgentR1Error
-from agent_r1.mdp import Task, Trajectory
+from agent_r1.mdp import RewardSignal, Task, Trajectory
 
 __all__ = ["all_gather", "collect", "flat_groups", "rollout", "rollout_all", "score", "step_seed"]
 
@@ -56,11 +54,24 @@ def rollout(
 
     session.unwrapped.eval()
     with EpisodeProgress(progress or "", enabled=progress is not None and session.is_main) as bar:
-        engine = session.rollout_engine(temperature=temperature, on_progress=bar.update)
-        with torch.no_grad():
-            trajectories: list[Trajectory] = engine.collect(
-                tasks, group_size, seed=seed, policy_version=session.step, group_salt=salt
+        if session.config.rollout.source == "gateway":  # the user's agent program, via the gateway
+            from agent_r1.gateway.training import gateway_rollout
+
+            trajectories: list[Trajectory] = gateway_rollout(
+                session,
+                tasks,
+                group_size,
+                seed=seed,
+                temperature=temperature,
+                salt=salt,
+                on_progress=bar.update,
             )
+        else:
+            engine = session.rollout_engine(temperature=temperature, on_progress=bar.update)
+            with torch.no_grad():
+                trajectories = engine.collect(
+                    tasks, group_size, seed=seed, policy_version=session.step, group_salt=salt
+                )
     started = time.perf_counter()
     score(session, trajectories, {t.id: t for t in tasks})
     elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
@@ -104,21 +115,36 @@ def all_gather(session: Session, local: list[T]) -> list[T]:
 
 
 def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> None:
-    """Add every shaper's signals (times its configured weight) to each trajectory."""
-    for trajectory in trajectories:
-        task = tasks[trajectory.task_id]
-        for shaper, weight in session.shapers:
-            try:
-                signals = _run_async(shaper.score(trajectory, task)) or []
-            except AgentR1Error:
-                raise
-            except Exception as exc:  # counted; the runner stops when too many episodes fail
+    """Add every shaper's signals (times its configured weight) to each trajectory. Each shaper
+    scores the whole batch in one call (``RewardShaper.score_batch``), so that model-based shapers
+    batch their forward passes; a failure on one trajectory is recorded on that trajectory."""
+    if not trajectories:
+        return
+    batch_tasks = [tasks[trajectory.task_id] for trajectory in trajectories]
+    for shaper, weight in session.shapers:
+        try:
+            results: Sequence[list[RewardSignal] | Exception] = shaper.score_batch(trajectories, batch_tasks)
+        except AgentR1Error:
+            raise
+        except Exception as exc:  # the whole batch failed: each trajectory records it
+            results = [exc] * len(trajectories)
+        if len(results) != len(trajectories):
+            raise AgentR1Error(
+                f"reward shaper {shaper.name!r} returned {len(results)} results from score_batch for "
+                f"{len(trajectories)} trajectories; it must return one list of signals (or the "
+                "exception) per trajectory, in order"
+            )
+        for trajectory, task, result in zip(trajectories, batch_tasks, results, strict=True):
+            if isinstance(result, AgentR1Error):
+                raise result
+            if isinstance(result, Exception):  # counted; the runner stops when too many episodes fail
                 trajectory.errors.append(
                     f"reward shaper {shaper.name!r} raised on task {task.id!r} (trajectory "
-                    f"{trajectory.id!r}): {type(exc).__name__}: {exc}"
+                    f"{trajectory.id!r}): {type(result).__name__}: {result}"
                 )
                 trajectory.metrics["reward_errors"] = trajectory.metrics.get("reward_errors", 0.0) + 1
                 continue
+            signals = list(result or [])
             for signal in signals:
                 signal.weight = weight * signal.weight
                 signal.source = signal.source or shaper.name
@@ -131,6 +157,10 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
     config = session.config
     group_size, temperature = config.rollout.group_size, config.rollout.temperature
     started = time.perf_counter()
+    if config.rollout.source == "gateway":
+        from agent_r1.gateway.training import take_gateway_metrics
+
+        take_gateway_metrics(session)  # drop the figures of evaluation rollouts since the last step
     tasks = _my_tasks(session)
     seen = {t.id: t for t in tasks}
     trajectories = rollout(
@@ -184,6 +214,10 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
             trajectory.metrics["baseline_score"] = baseline[trajectory.task_id]
         metrics["reward/baseline_score_mean"] = sum(baseline.values()) / max(len(baseline), 1)
 
+    if config.rollout.source == "gateway":
+        from agent_r1.gateway.training import take_gateway_metrics
+
+        metrics.update(take_gateway_metrics(session))  # gateway/...: this step's rollouts only
     metrics["time/rollout_s"] = time.perf_counter() - started
     return trajectories, failed, metrics
 
@@ -206,7 +240,3 @@ def _my_tasks(session: Session) -> list[Task]:
 
 def _env_seconds(trajectories: Sequence[Trajectory]) -> float:
     return sum(t.metrics.get("tool_s", 0.0) for t in trajectories) / max(len(trajectories), 1)
-
-
-def _run_async(value: Any) -> Any:
-    return asyncio.run(value) if inspect.isawaitable(value) else value

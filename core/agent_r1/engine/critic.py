@@ -18,12 +18,14 @@ it is never a policy token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from agent_r1.engine.batch import TrainBatch, micro_rows
 
-__all__ = ["ValueHead", "critic_values", "no_grad_values", "state_values"]
+__all__ = ["ValueHead", "critic_values", "no_grad_values", "shared_prefix_values", "state_values"]
 
 
 class ValueHead(nn.Module):
@@ -69,3 +71,72 @@ def no_grad_values(
             values = critic_values(value_head, backbone, batch.select(rows))
             out[rows, : values.shape[1]] = values.float()
     return out
+
+
+def shared_prefix_values(
+    value_head: nn.Module,
+    backbone: nn.Module,
+    prefix: Sequence[int],
+    suffixes: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    batch_size: int = 16,
+) -> list[float]:
+    """The value of the state each ``prefix + suffix`` ends in, without gradients: for ``n``
+    tokens, ``V(s_n)`` (the value before a token at position ``n``), read from the hidden state of
+    the last token. The prefix goes through the backbone once and its KV cache is repeated for the
+    suffixes, ``batch_size`` at a time, shortest first, right-padded (padding sits after every real
+    token, so it changes no real position); an empty suffix is valued at the prefix's last token.
+    ``prefix`` may be empty when every suffix has a token."""
+    import copy
+
+    device = next(backbone.parameters()).device
+    values = [0.0] * len(suffixes)
+    rows = sorted((i for i, suffix in enumerate(suffixes) if suffix), key=lambda i: len(suffixes[i]))
+    cache = None
+    with torch.no_grad():
+        if prefix:
+            outputs = backbone(
+                input_ids=torch.tensor([list(prefix)], dtype=torch.long, device=device),
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=1,
+            )
+            cache = outputs.past_key_values
+            at_prefix = float(value_head(outputs.hidden_states[-1][:, -1:, :])[0, 0])
+            for i, suffix in enumerate(suffixes):
+                if not suffix:
+                    values[i] = at_prefix
+        elif len(rows) != len(suffixes):
+            raise ValueError("shared_prefix_values: an empty suffix needs a non-empty prefix")
+        for begin in range(0, len(rows), batch_size):
+            chunk = rows[begin : begin + batch_size]
+            lengths = [len(suffixes[i]) for i in chunk]
+            width = max(lengths)
+            input_ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)  # [B, L]
+            own_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # [B, L]: 1 on real tokens
+            for b, i in enumerate(chunk):
+                input_ids[b, : lengths[b]] = torch.tensor(list(suffixes[i]), dtype=torch.long)
+                own_mask[b, : lengths[b]] = 1
+            attention_mask = torch.cat([own_mask.new_ones((len(chunk), len(prefix))), own_mask], dim=-1)
+            positions = len(prefix) + torch.arange(width)[None].expand(len(chunk), width)  # [B, L]
+            extra: dict[str, object] = {}
+            if cache is not None:
+                repeated = copy.deepcopy(cache)  # the forward appends to it; the prefix's stays clean
+                repeated.batch_repeat_interleave(len(chunk))
+                extra["past_key_values"] = repeated
+            outputs = backbone(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                position_ids=positions.to(device),
+                use_cache=cache is not None,
+                output_hidden_states=True,
+                logits_to_keep=1,
+                **extra,
+            )
+            last = torch.tensor(lengths, device=device) - 1  # [B]
+            hidden = outputs.hidden_states[-1][torch.arange(len(chunk), device=device), last]  # [B, H]
+            after = value_head(hidden[:, None, :])[:, 0]  # [B]
+            for b, i in enumerate(chunk):
+                values[i] = float(after[b])
+    return values

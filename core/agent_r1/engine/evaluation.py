@@ -11,6 +11,11 @@ trajectory without that signal counts as a failure, and the summary's ``warnings
 pass@k uses the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on
 Code", section 2.1): with ``n`` samples of a task of which ``c`` succeed,
 ``pass@k = 1 - C(n - c, k) / C(n, k)``, averaged over tasks; only tasks with ``n >= k`` count.
+With ``eval.samples = K`` at a temperature above 0, ``pass@K`` is the oracle best-of-K: a task
+counts when any of its K sampled episodes succeeds, as if a verifier knew the ground truth.
+
+:func:`decoding_summary` records how the actions were chosen (``eval.decoding``) and what that
+cost: generated tokens per episode (discarded candidates included), critic tokens, wall time.
 """
 
 from __future__ import annotations
@@ -152,6 +157,46 @@ def summarize_eval(
         "response_length_mean": _mean([float(t.num_policy_tokens) for t in trajectories]),
         "warnings": warnings,
     }
+
+
+def decoding_summary(
+    trajectories: Sequence[Trajectory], decoding: Mapping[str, Any], *, temperature: float, wall_s: float
+) -> dict[str, Any]:
+    """How an evaluation chose its actions and what that cost, per episode.
+
+    Keys: ``kind``, ``candidates`` (K; 1 under plain sampling), ``temperature``, ``verifier``
+    (best_of_k), ``episodes``; means per episode of ``generated_tokens`` (every sampled token,
+    discarded candidates included; under plain sampling the policy tokens), ``kept_tokens`` (the
+    policy tokens the trajectories keep), ``scored_tokens`` (tokens the critic read), ``turns``;
+    ``picked_other_rate`` (share of turns whose kept action was not the first candidate, i.e. not
+    what plain sampling would have drawn); ``wall_s`` (the rollout's wall time) and
+    ``wall_s_per_episode``."""
+    n = max(len(trajectories), 1)
+    decoded = [t for t in trajectories if "decoding_candidates" in t.metrics]
+    turns = sum(_turns(t) for t in trajectories)
+
+    def mean(name: str, fallback: str | None = None) -> float:
+        return sum(t.metrics.get(name, t.metrics.get(fallback or name, 0.0)) for t in trajectories) / n
+
+    kind = str(decoding.get("kind", "sample"))
+    summary: dict[str, Any] = {
+        "kind": kind,
+        "candidates": int(decoding.get("candidates", 1)) if decoded else 1,
+        "temperature": temperature,
+        "episodes": len(trajectories),
+        "generated_tokens_mean": mean("decoding_generated_tokens", "policy_tokens"),
+        "kept_tokens_mean": mean("policy_tokens"),
+        "scored_tokens_mean": mean("decoding_scored_tokens"),
+        "turns_mean": turns / n,
+        "picked_other_rate": (
+            sum(t.metrics.get("decoding_picked_other", 0.0) for t in decoded) / max(turns, 1)
+        ),
+        "wall_s": wall_s,
+        "wall_s_per_episode": wall_s / n,
+    }
+    if kind == "best_of_k":
+        summary["verifier"] = decoding.get("verifier")
+    return summary
 
 
 @dataclass
@@ -372,6 +417,25 @@ def eval_markdown(summary: Mapping[str, Any], *, title: str = "Evaluation") -> s
         lines += ["## Termination", ""]
         lines += _table(["reason", "count"], [[reason, str(count)] for reason, count in termination.items()])
         lines.append("")
+    decoding = summary.get("decoding") or {}
+    if decoding:
+        lines += ["## Decoding", ""]
+        how = f"{decoding.get('kind')}, K = {decoding.get('candidates')}"
+        if decoding.get("verifier"):
+            how += f", verifier {decoding['verifier']}"
+        rows = [
+            ["decoding", f"{how}, temperature {decoding.get('temperature', 0.0):g}"],
+            [
+                "generated tokens / episode (discarded candidates included)",
+                _num(decoding.get("generated_tokens_mean"), 1),
+            ],
+            ["kept tokens / episode", _num(decoding.get("kept_tokens_mean"), 1)],
+            ["critic tokens / episode", _num(decoding.get("scored_tokens_mean"), 1)],
+            ["turns picking another candidate than the first", _pct(decoding.get("picked_other_rate"))],
+            ["wall time / episode (s)", _num(decoding.get("wall_s_per_episode"), 3)],
+        ]
+        lines += _table(["metric", "value"], rows)
+        lines.append("")
     warnings = summary.get("warnings") or []
     if warnings:
         lines += ["## Warnings", ""]
@@ -455,6 +519,7 @@ __all__ = [
     "compare_markdown",
     "comparison_rows",
     "dataset_of",
+    "decoding_summary",
     "eval_markdown",
     "pass_at_k",
     "summarize_eval",

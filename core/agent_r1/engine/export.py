@@ -12,7 +12,9 @@ model. ``agent-r1-export.json`` records where the weights came from.
 checkpoint recorded (its base model, dtype, LoRA setting), loads the checkpoint's weights exactly,
 and exports it (``agent-r1 export RUN --out DIR``). :func:`export_final` is what the runner calls at
 the end of every training run: ``<run>/final`` is always a plain model (LoRA merged), with the
-adapter itself in ``<run>/final/adapter``.
+adapter itself in ``<run>/final/adapter``. A run that trained a critic (PPO's value head, or a
+separate critic model) exports it beside the policy in ``critic/``
+(:mod:`agent_r1.engine.critic_files`), where ``agent-r1 eval`` finds it for value-guided decoding.
 
 Every export is written into a temporary sibling directory and renamed into place once complete,
 so an interrupted or failed export (disk full included) leaves nothing half-written.
@@ -166,6 +168,7 @@ def _write(
     source: Mapping[str, Any] | None,
     replace: bool,
     adapter_too: bool = False,
+    critic: tuple[Mapping[str, Any], Any] | None = None,
 ) -> Path:
     from agent_r1.engine.checkpoint import storage_error, write_failure
 
@@ -187,6 +190,11 @@ def _write(
             if lora and adapter_too:
                 model.save_pretrained(str(staging / ADAPTER_DIR))
                 _save_tokenizer(tokenizer, staging / ADAPTER_DIR)
+        if critic is not None:
+            from agent_r1.engine.critic_files import write_critic
+
+            step = (source or {}).get("step")
+            write_critic(staging, critic[0], critic[1], step=step if isinstance(step, int) else None)
         _record(staging, kind=kind, source=source)
         _commit(staging, out_dir)
     except BaseException as exc:
@@ -237,6 +245,7 @@ def export_final(
     model_config: ModelConfig,
     *,
     step: int | None = None,
+    critic: tuple[Mapping[str, Any], Any] | None = None,
 ) -> Path:
     """Write the run's final policy to ``<run_dir>/final`` and return that path.
 
@@ -244,6 +253,8 @@ def export_final(
     adapters are merged (on a copy) and the adapter itself is also written to ``final/adapter``.
     An existing ``final`` (a resumed run that finished again) is replaced whole, only once the new
     one is complete. ``model_config`` is the run's ``model`` section, recorded with ``step``.
+    ``critic`` is ``(value head state dict, separate critic model or None)`` of a run that trained
+    one; it goes to ``final/critic``.
     """
     source = {
         "source": "end of training",
@@ -261,6 +272,7 @@ def export_final(
         source=source,
         replace=True,
         adapter_too=True,
+        critic=critic,
     )
 
 
@@ -271,7 +283,7 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, merge_lora: bool
     checkpoint directory. The policy is rebuilt on CPU from the ``model`` section of the run config
     the checkpoint recorded (base model, dtype, LoRA), so that base model must still be where the
     run found it; the checkpoint's weights must then fit it exactly. Errors say which of these
-    failed and what to do.
+    failed and what to do. A checkpoint with a trained critic exports it too, in ``critic/``.
     """
     from agent_r1.config import ModelConfig
     from agent_r1.engine.checkpoint import (
@@ -332,4 +344,22 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, *, merge_lora: bool
         "base_model": model_cfg.path,
         "lora": model_cfg.lora.model_dump() if model_cfg.lora is not None else None,
     }
-    return export_model(model, tokenizer, out_dir, merge_lora=merge_lora, source=source)
+    critic = None
+    if "value_head" in state:
+        critic_model = None
+        if "critic_model" in state:  # a separate critic: rebuilt as its run built it
+            section_critic = (recorded.get("algorithm") or {}).get("critic") or {}
+            critic_cfg = model_cfg.model_copy(update={"path": section_critic.get("path") or model_cfg.path})
+            critic_model, _ = load_policy(critic_cfg, device="cpu")
+            load_model_state(critic_model, state["critic_model"], source=f"checkpoint {checkpoint} (critic)")
+        critic = (state["value_head"], critic_model)
+    return _write(
+        model,
+        tokenizer,
+        out_dir,
+        merge_lora=merge_lora,
+        generation_config=None,
+        source=source,
+        replace=False,
+        critic=critic,
+    )

@@ -6,6 +6,10 @@ directory is created.
 a message that says what was checked, where, and what to do when it is not right):
 
 - ``device``: ``model.device`` exists (a CUDA device asked for is there);
+- ``distributed``: the process was not launched for sharded training (``accelerate launch`` with
+  an FSDP, DeepSpeed or Megatron-LM configuration), which agent-r1 does not support yet: on a GPU
+  its checkpoints, weight sync and ``hf`` rollouts would run on sharded weights, and on a CPU
+  accelerate silently trains with DDP instead;
 - ``model``: ``model.path`` resolves to a model directory (a bundled model is prepared once), its
   weight files are complete (sizes checked against the safetensors headers; no weights are read);
 - ``tokenizer``: tokenizer files are present and load, the chat template renders;
@@ -19,6 +23,9 @@ a message that says what was checked, where, and what to do when it is not right
   (corpora present and non-empty, servers reachable...) passes it;
 - ``output``: the output directory (or its nearest existing parent) is writable, with the free
   space reported against what the checkpoints and the final export will take;
+- ``agent`` (``rollout.source: gateway``, instead of ``prompts``): the agent program can start
+  (its program or script exists, or its callable's module is found) and the gateway's packages
+  are installed;
 - ``prompts``: the first tasks' prompts, rendered as the rollout renders them, fit
   ``rollout.max_context``; when none does the run would train on nothing, which is a failure.
 
@@ -492,6 +499,40 @@ def _check_prompts(report: PreflightReport, ctx: _Context) -> None:
         report.add("prompts", "ok", f"first {len(lengths)} train prompts: {span}, max_context {max_context}")
 
 
+def _check_agent(report: PreflightReport, ctx: _Context) -> None:
+    from agent_r1.gateway.launcher import check_agent_program
+    from agent_r1.gateway.server import require_server_packages
+
+    require_server_packages()
+    report.add("agent", "ok", check_agent_program(ctx.config.rollout.agent))
+
+
+SHARDING_ENV = {
+    "ACCELERATE_USE_FSDP": "FSDP",
+    "ACCELERATE_USE_DEEPSPEED": "DeepSpeed",
+    "ACCELERATE_USE_MEGATRON_LM": "Megatron-LM",
+}
+"""The variables ``accelerate launch`` sets from its configuration file for sharded training."""
+
+
+def _check_distributed(report: PreflightReport, ctx: _Context) -> None:
+    requested = [
+        f"{label} ({name}={os.environ[name]})"
+        for name, label in SHARDING_ENV.items()
+        if os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
+    ]
+    if requested:
+        raise AgentR1Error(
+            f"this process was launched for sharded training with {', '.join(requested)}, which "
+            "agent-r1 does not support yet: checkpoints, weight sync and rollouts would run on sharded "
+            "weights (and on a CPU accelerate silently falls back to DDP); launch with a multi-GPU "
+            "(DDP) accelerate configuration, or use LoRA for models whose training state does not fit "
+            "one GPU (docs/gpu.md, section 'Sharded training')"
+        )
+    world = os.environ.get("WORLD_SIZE", "1")
+    report.add("distributed", "ok", f"data parallel (DDP) over {world} process(es)")
+
+
 def preflight(
     config: RunConfig,
     components: Sequence[ResolvedComponent],
@@ -519,6 +560,7 @@ def preflight(
             _run(report, name, check)
 
     run("device", lambda: _check_device(report, ctx))
+    run("distributed", lambda: _check_distributed(report, ctx))
     run("model", lambda: _check_model(report, ctx, prepare_models=prepare_models))
     if ctx.hf_config is not None:
         try:
@@ -539,5 +581,8 @@ def preflight(
     if "component" not in skip:
         _check_component_hooks(report, ctx)
     run("output", lambda: _check_output(report, ctx))
-    run("prompts", lambda: _check_prompts(report, ctx))
+    if config.rollout.source == "gateway":  # the agent program renders its own prompts
+        run("agent", lambda: _check_agent(report, ctx))
+    else:
+        run("prompts", lambda: _check_prompts(report, ctx))
     return report

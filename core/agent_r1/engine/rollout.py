@@ -53,12 +53,15 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent_r1.contracts import Environment, EpisodeStart, Generation, RolloutBackend, SamplingParams
 from agent_r1.engine.chat import ChatRenderer
 from agent_r1.errors import AgentR1Error, EnvironmentFatalError
 from agent_r1.mdp import Action, Message, Observation, Step, Task, TokenSource, Trajectory
+
+if TYPE_CHECKING:
+    from agent_r1.engine.decoding import TurnChoice, TurnDecoder
 
 __all__ = ["TRAJECTORY_METRICS", "RolloutEngine", "turn_seed"]
 
@@ -112,7 +115,9 @@ class RolloutEngine:
     an exception raised by ``Environment.step`` does: ``"raise"`` (default) aborts the run with an
     :class:`~agent_r1.errors.AgentR1Error` naming the environment, task and turn; ``"end"`` ends
     that episode with termination ``env_error`` and goes on (counted in ``env_errors``).
-    ``on_progress(finished, total)`` is called after every turn.
+    ``on_progress(finished, total)`` is called after every turn. ``decoder`` picks each turn's
+    action among several candidates (:mod:`agent_r1.engine.decoding`: value-guided, best-of-K);
+    ``None`` samples one action per turn.
     """
 
     def __init__(
@@ -128,6 +133,7 @@ class RolloutEngine:
         renderer: ChatRenderer | None = None,
         on_env_error: Literal["raise", "end"] = "raise",
         on_progress: Callable[[int, int], None] | None = None,
+        decoder: TurnDecoder | None = None,
     ) -> None:
         if max_turns < 1 or max_new_tokens < 1 or max_context < 2:
             raise ValueError(
@@ -145,6 +151,8 @@ class RolloutEngine:
         self.on_env_error = on_env_error
         self.on_progress = on_progress
         """Called after every turn with ``(finished episodes, all episodes)`` (progress bars)."""
+        self.decoder = decoder
+        self._decoding_totals: defaultdict[str, float] = defaultdict(float)
         self._backend_takes_budgets = "max_new_tokens" in inspect.signature(backend.generate).parameters
         if not self._backend_takes_budgets:
             warnings.warn(
@@ -197,7 +205,10 @@ class RolloutEngine:
         ``sampling.seed``) makes the run reproducible: the same seed, tasks, weights and
         environments give the same trajectories. Afterwards :attr:`last_metrics` holds
         ``rollout/generation_s``, ``rollout/env_s``, ``rollout/generated_tokens``,
-        ``rollout/tokens_per_s``, ``rollout/backend_calls`` and ``rollout/turns``.
+        ``rollout/tokens_per_s``, ``rollout/backend_calls`` and ``rollout/turns`` (tokens of the
+        kept actions); with a decoder also ``decoding/candidates``, ``decoding/generated_tokens``
+        (discarded candidates included), ``decoding/scored_tokens``, ``decoding/score_s`` and
+        ``decoding/picked_other`` (turns whose kept action was not the first candidate).
         """
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -206,6 +217,7 @@ class RolloutEngine:
         episodes = self._make_episodes(tasks, group_size, salt, policy_version)
         await self._reset(episodes)
         totals: defaultdict[str, float] = defaultdict(float)
+        self._decoding_totals = defaultdict(float)
         turn = 0
         while active := [episode for episode in episodes if not episode.done]:
             started = time.perf_counter()
@@ -229,6 +241,10 @@ class RolloutEngine:
             "rollout/backend_calls": float(totals["backend_calls"]),
             "rollout/turns": float(turn),
         }
+        if self.decoder is not None:
+            self.last_metrics.update(
+                {f"decoding/{name}": value for name, value in sorted(self._decoding_totals.items())}
+            )
         return [episode.trajectory for episode in episodes]
 
     # -- phases ---------------------------------------------------------------------------------
@@ -288,23 +304,17 @@ class RolloutEngine:
         started = time.perf_counter()
         # Called in the event loop's thread on purpose: torch's per-thread state (grad mode, the
         # current CUDA device) stays the caller's, and no environment step is pending meanwhile.
-        generations = self._call_backend(prompts, sampling, budgets)
+        if self.decoder is None:
+            generations = self._call_backend(prompts, sampling, budgets)
+        else:
+            generations = self._decode(active, prompts, sampling, budgets)
         elapsed = time.perf_counter() - started
         for episode, generation, budget in zip(active, generations, budgets, strict=True):
-            ids = list(generation.token_ids)
-            finish = generation.finish_reason
-            if finish == "length" and budget < self.max_new_tokens:
-                finish = "context"
-            logprobs = list(generation.logprobs) if len(generation.logprobs) == len(ids) else None
-            episode.action = Action(
-                token_ids=ids,
-                logprobs=logprobs,
-                text=self.renderer.action_text(ids, finish),
-                finish_reason=finish,
-                stop_sequence=generation.stop_sequence if finish == "stop" else None,
-            )
+            episode.action = self._action_of(generation, budget)
+            ids = list(episode.action.token_ids)
+            logprobs = list(episode.action.logprobs) if episode.action.logprobs is not None else None
             episode.trajectory.append(TokenSource.POLICY, turn, ids, logprobs)
-            content = self.renderer.action_content(ids, finish)
+            content = self.renderer.action_content(ids, episode.action.finish_reason)
             if episode.inline:  # the same assistant message goes on after a continuation
                 episode.messages[-1] = {
                     **episode.messages[-1],
@@ -316,6 +326,64 @@ class RolloutEngine:
             episode.generation_s += elapsed
             episode.turn_generation_s = elapsed
         return sum(len(g.token_ids) for g in generations)
+
+    def _action_of(self, generation: Generation, budget: int) -> Action:
+        """The action of one generation; a ``length`` stop under a budget smaller than
+        ``max_new_tokens`` was the context's doing (``context``)."""
+        ids = list(generation.token_ids)
+        finish = generation.finish_reason
+        if finish == "length" and budget < self.max_new_tokens:
+            finish = "context"
+        logprobs = list(generation.logprobs) if len(generation.logprobs) == len(ids) else None
+        return Action(
+            token_ids=ids,
+            logprobs=logprobs,
+            text=self.renderer.action_text(ids, finish),
+            finish_reason=finish,
+            stop_sequence=generation.stop_sequence if finish == "stop" else None,
+        )
+
+    def _decode(
+        self,
+        active: list[_Episode],
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        budgets: list[int],
+    ) -> list[Generation]:
+        """The decoder's pick for every active episode; its cost goes to the episodes' counters."""
+        from agent_r1.engine.decoding import TurnRequest
+
+        assert self.decoder is not None
+        choice: TurnChoice = self.decoder.decide(
+            TurnRequest(
+                prompts=prompts,
+                budgets=budgets,
+                sampling=sampling,
+                generate=self._call_backend,
+                action_of=self._action_of,
+                envs=[episode.env for episode in active],
+                messages=[episode.messages for episode in active],
+            )
+        )
+        if len(choice.generations) != len(active):
+            raise AgentR1Error(
+                f"decoder {self.decoder.kind!r} returned {len(choice.generations)} actions for "
+                f"{len(active)} episodes"
+            )
+        totals = self._decoding_totals
+        for i, episode in enumerate(active):
+            counters = episode.counters
+            counters["decoding_candidates"] += choice.candidates[i]
+            counters["decoding_generated_tokens"] += choice.generated_tokens[i]
+            counters["decoding_scored_tokens"] += choice.scored_tokens[i]
+            counters["decoding_score_s"] += choice.score_s
+            counters["decoding_picked_other"] += choice.picked[i] != 0
+        totals["candidates"] += sum(choice.candidates)
+        totals["generated_tokens"] += sum(choice.generated_tokens)
+        totals["scored_tokens"] += sum(choice.scored_tokens)
+        totals["score_s"] += choice.score_s
+        totals["picked_other"] += sum(j != 0 for j in choice.picked)
+        return choice.generations
 
     def _call_backend(
         self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int]
@@ -480,3 +548,7 @@ class RolloutEngine:
             "policy_tokens": float(trajectory.num_policy_tokens),
             "context_tokens": float(len(trajectory)),
         }
+        if self.decoder is not None:
+            from agent_r1.engine.decoding import DECODING_METRICS
+
+            trajectory.metrics.update({name: float(counters[name]) for name in DECODING_METRICS})

@@ -243,6 +243,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         with ExitStack() as stack:
+            stack.callback(session.close)  # the policy gateway of rollout.source: gateway, if started
             if session.is_main:
                 stack.enter_context(_run_log(run_dir / "run.log"))
             return _train_in(session, components, plain, resume=resume, started=started)
@@ -296,7 +297,14 @@ def _train_in(
     if session.is_main:
         from agent_r1.engine.export import export_final
 
-        final = export_final(run_dir, session.unwrapped, session.tokenizer, config.model, step=session.step)
+        final = export_final(
+            run_dir,
+            session.unwrapped,
+            session.tokenizer,
+            config.model,
+            step=session.step,
+            critic=_trained_critic(session),
+        )
         summary["final"] = str(final)
     if eval_tasks:
         after = run_eval(session, eval_tasks, label="after")
@@ -315,6 +323,15 @@ def _train_in(
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         _print_summary(summary)
     return summary
+
+
+def _trained_critic(session: Any) -> tuple[dict[str, Any], Any] | None:
+    """The value head's weights and the separate critic model of a run that trained a critic."""
+    if session.value_head is None:
+        return None
+    unwrap = session.accelerator.unwrap_model
+    critic_model = unwrap(session.critic_model) if session.critic_model is not None else None
+    return unwrap(session.value_head).state_dict(), critic_model
 
 
 def _resume(session: Any, plain: dict[str, Any]) -> None:
@@ -350,6 +367,7 @@ def _resume(session: Any, plain: dict[str, Any]) -> None:
 def _training_loop(session: Any, plain: dict[str, Any], eval_tasks: list[Task]) -> dict[str, float]:
     """Steps until ``trainer.steps``, with trackers, hooks, mid-run evaluation, checkpoints and
     interrupts; returns the last step's metrics."""
+    from agent_r1.engine.decoding import decoding_step_metrics
     from agent_r1.engine.progress import TrainingProgress
     from agent_r1.engine.trainer import train_step
 
@@ -370,6 +388,7 @@ def _training_loop(session: Any, plain: dict[str, Any], eval_tasks: list[Task]) 
             result = train_step(session)
             step = session.step
             metrics = result.metrics
+            metrics.update(decoding_step_metrics(result.trajectories))  # empty under plain sampling
             notify("on_rollout_end", step=step, trajectories=result.trajectories)
             if config.trainer.eval_every and step % config.trainer.eval_every == 0 and eval_tasks:
                 metrics["eval/success"] = float(run_eval(session, eval_tasks, label=f"step{step}")["success"])
@@ -424,23 +443,29 @@ def _checkpoint(session: Any, plain: dict[str, Any]) -> None:
 def run_eval(session: Any, tasks: list[Task], *, label: str) -> dict[str, Any]:
     """Roll out ``tasks`` with the session's current policy and summarise the result."""
     from agent_r1.engine.collect import rollout_all
-    from agent_r1.engine.evaluation import summarize_eval
+    from agent_r1.engine.evaluation import decoding_summary, summarize_eval
     from agent_r1.rewards import answer_normalizations
 
     config = session.config
     ev = config.eval
-    trajectories = rollout_all(
-        session,
-        tasks,
-        ev.samples,
-        seed=config.seed + 424_242,
-        temperature=ev.temperature,
-        salt=f"eval-{label}",
-        progress=f"eval {label}",
-    )
+    started = time.perf_counter()
+    with session.decoding_as(ev.decoding):
+        trajectories = rollout_all(
+            session,
+            tasks,
+            ev.samples,
+            seed=config.seed + 424_242,
+            temperature=ev.temperature,
+            salt=f"eval-{label}",
+            progress=f"eval {label}",
+        )
+    wall_s = time.perf_counter() - started
     ks = tuple(sorted({k for k in ev.pass_k if k <= ev.samples}))
     summary: dict[str, Any] = summarize_eval(
         trajectories, {t.id: t for t in tasks}, success_signal=ev.success_signal, ks=ks
+    )
+    summary["decoding"] = decoding_summary(
+        trajectories, ev.decoding.model_dump(), temperature=ev.temperature, wall_s=wall_s
     )
     summary["step"] = session.step
     summary["label"] = label
@@ -460,6 +485,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate the configured (or a checkpoint's) policy on the eval split."""
     from agent_r1.engine import checkpoint as ckpt
+    from agent_r1.engine.critic_files import attach_critic, find_critic
     from agent_r1.engine.evaluation import eval_markdown, write_eval_report
     from agent_r1.engine.session import build_session
 
@@ -468,15 +494,23 @@ def evaluate(
     if checkpoint is not None:
         path = ckpt.resolve_checkpoint(checkpoint)  # a clear error for a wrong or corrupt path
         state = ckpt.load_checkpoint(path)
+    critic = None
+    if config.eval.decoding.kind == "value_guided":  # found (or refused) before any model loads
+        critic = find_critic(config.eval.decoding, config, checkpoint=path, state=state)
     out = Path(out or _expand_output_dir(config.output_dir, resume=True) / "eval")
     session = build_session(config, components, out, training=False)
     if state is not None:
         session.load_state_dict(state, source=str(path))
+    if critic is not None:
+        attach_critic(session, critic)
     tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
     if not tasks:
         raise AgentR1Error(f"the dataset has no tasks in split {config.eval.split!r}")
     out.mkdir(parents=True, exist_ok=True)
-    summary = run_eval(session, tasks, label="eval")
+    try:
+        summary = run_eval(session, tasks, label="eval")
+    finally:
+        session.close()
     write_eval_report(summary, out)
     return {"summary": summary, "markdown": eval_markdown(summary)}
 
@@ -491,22 +525,31 @@ def collect(
 ) -> int:
     """Roll out ``num_tasks`` tasks of ``split`` with the configured model; write JSONL."""
     from agent_r1.engine.collect import rollout
+    from agent_r1.engine.critic_files import attach_critic, find_critic
     from agent_r1.engine.session import build_session
 
     config, components = prepare(config_path, overrides)
+    critic = None
+    if config.rollout.decoding.kind == "value_guided":  # found (or refused) before any model loads
+        critic = find_critic(config.rollout.decoding, config, setting="rollout.decoding")
     session = build_session(config, components, Path(out).parent, training=False)
+    if critic is not None:
+        attach_critic(session, critic)
     tasks = session.dataset.load(split)[:num_tasks]
     if not tasks:
         raise AgentR1Error(f"the dataset has no tasks in split {split!r}")
-    trajectories = rollout(
-        session,
-        tasks,
-        config.rollout.group_size,
-        seed=config.seed,
-        temperature=config.rollout.temperature,
-        salt="collect",
-        progress="rollout",
-    )
+    try:
+        trajectories = rollout(
+            session,
+            tasks,
+            config.rollout.group_size,
+            seed=config.seed,
+            temperature=config.rollout.temperature,
+            salt="collect",
+            progress="rollout",
+        )
+    finally:
+        session.close()
     return save_trajectories(out, trajectories)
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from agent_r1.config import ModelConfig, ResolvedComponent, RunConfig
+from agent_r1.config import DecodingConfig, ModelConfig, ResolvedComponent, RunConfig
 from agent_r1.contracts import AdvantageEstimator, Environment, PolicyLoss, RewardShaper, SamplingParams
 from agent_r1.engine import checkpoint as ckpt
 from agent_r1.engine.chat import apply_chat_template_config
@@ -115,6 +116,11 @@ class Session:
     step: int = 0
     bad_updates: int = 0
     """Updates skipped for a non-finite loss or gradient since the last good update."""
+    decoding: DecodingConfig | None = None
+    """How rollouts pick each turn's action; ``None``: ``rollout.decoding`` (see :meth:`decoding_as`)."""
+    gateway: Any = None
+    """The policy gateway of ``rollout.source: gateway`` (started on the first rollout; see
+    :mod:`agent_r1.gateway.training`), stopped by :meth:`close`."""
 
     # -- processes -------------------------------------------------------------------------------
     @property
@@ -147,7 +153,9 @@ class Session:
         self, *, temperature: float, on_progress: Callable[[int, int], None] | None = None
     ) -> Any:
         """A :class:`~agent_r1.engine.rollout.RolloutEngine` over this session's backend and
-        environments, sampling at ``temperature`` with the run's other rollout settings."""
+        environments, sampling at ``temperature`` with the run's other rollout settings and
+        decoding strategy (:attr:`decoding`)."""
+        from agent_r1.engine.decoding import build_decoder
         from agent_r1.engine.rollout import RolloutEngine
 
         r = self.config.rollout
@@ -164,7 +172,24 @@ class Session:
             sampling=sampling,
             on_env_error="end",  # a faulty environment step ends that episode (counted), not the run
             on_progress=on_progress,
+            decoder=build_decoder(self, self.decoding or r.decoding, temperature),
         )
+
+    @contextmanager
+    def decoding_as(self, decoding: DecodingConfig) -> Iterator[None]:
+        """Roll out with ``decoding`` inside the block (evaluation uses ``eval.decoding``)."""
+        previous, self.decoding = self.decoding, decoding
+        try:
+            yield
+        finally:
+            self.decoding = previous
+
+    def close(self) -> None:
+        """Release what the session started outside this thread (the policy gateway's server and
+        generation worker). Idempotent; the runner calls it when a command ends."""
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -235,6 +260,10 @@ def build_session(
 
     estimator = _build(by_path["algorithm.estimator"])
     needs_critic = training and bool(estimator.needs_critic or by_path["algorithm"].cls.needs_critic)
+    from agent_r1.engine.decoding import check_decoding
+
+    # value-guided decoding needs the critic a training run trains: say so before loading
+    check_decoding(config, has_critic=needs_critic if training else None)
     if model is None:
         model, tokenizer = load_policy(config.model, device=accelerator.device)
     assert model is not None

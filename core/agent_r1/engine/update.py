@@ -46,6 +46,7 @@ from agent_r1.engine.loss_utils import (
 from agent_r1.engine.rollout_correction import correction_weights, ratio_stats
 from agent_r1.engine.session import Session
 from agent_r1.engine.stats import batch_metrics, mean_metric, tensor_stats
+from agent_r1.engine.turns import anchor_keys, turn_ids
 from agent_r1.mdp import Trajectory
 
 __all__ = [
@@ -117,6 +118,7 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
     metrics = {
         "time/no_grad_passes_s": passes_s,
         "time/advantages_s": time.perf_counter() - started - passes_s,
+        **session.estimator.step_metrics(),  # e.g. gigpo's step-group figures
     }
 
     targets = Targets(advantages, returns, old_logprobs, ref_logprobs, values)
@@ -163,6 +165,8 @@ def compute_advantages(
                 group_ids=batch.group_ids,
                 values=values,
                 baseline_scores=_baseline_scores(batch.trajectories),
+                turn_ids=turn_ids(batch.trajectories, batch.loss_mask.shape[1], batch.loss_mask.device),
+                anchor_keys=[anchor_keys(t) for t in batch.trajectories],
             )
         )
     from accelerate.utils import gather_object
@@ -180,6 +184,8 @@ def compute_advantages(
             group_ids=full.group_ids,
             values=all_values,
             baseline_scores=_baseline_scores(full.trajectories),
+            turn_ids=turn_ids(full.trajectories, length),
+            anchor_keys=[anchor_keys(t) for t in full.trajectories],
         )
     )
     sizes: list[int] = gather_object([len(batch)])

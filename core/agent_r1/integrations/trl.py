@@ -474,6 +474,7 @@ class AgentR1RolloutWorker:
 
         from agent_r1.contracts import AdvantageInput
         from agent_r1.engine.batch import collate
+        from agent_r1.engine.turns import anchor_keys, turn_ids
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         batch = collate(trajectories, pad_token_id=int(pad))
@@ -484,6 +485,8 @@ class AgentR1RolloutWorker:
                     loss_mask=batch.loss_mask,
                     scores=batch.scores,
                     group_ids=batch.group_ids,
+                    turn_ids=turn_ids(trajectories, batch.loss_mask.shape[1]),
+                    anchor_keys=[anchor_keys(t) for t in trajectories],
                 )
             )  # [B, T]
         rows: list[dict[str, Any]] = []

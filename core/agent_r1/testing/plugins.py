@@ -516,6 +516,9 @@ def check_advantage_estimator(
         group_ids=["a", "a", "b", "b"],
         values=torch.rand(batch_size, length, generator=generator) if cls.needs_critic else None,
         baseline_scores=torch.rand(batch_size, generator=generator) if cls.needs_baseline_rollout else None,
+        # two action turns (2-3 and 4-5); in group "b" the second turn starts from different states
+        turn_ids=torch.where(loss_mask, (torch.arange(length) >= 4).long().expand(batch_size, length), -1),
+        anchor_keys=[["s0", "s1"], ["s0", "s1"], ["s0", "s1"], ["s0", "s2"]],
     )
     advantages, returns = estimator.compute(inputs)
     for label, tensor in (("advantages", advantages), ("returns", returns)):
