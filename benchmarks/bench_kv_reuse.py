@@ -42,7 +42,12 @@ def build(args: argparse.Namespace, model_dir: Path | None) -> tuple[Any, list[A
 
     overrides = [f"seed={args.seed}", *args.overrides]
     if model_dir is not None:
-        overrides += [f"model.path={model_dir}", "environment.end_on_no_tool_call=false"]
+        # the tiny tokenizer spells the demo's worked examples out in many more tokens: more room
+        overrides += [
+            f"model.path={model_dir}",
+            "environment.end_on_no_tool_call=false",
+            "rollout.max_context=2048",
+        ]
     if args.max_turns is not None:
         overrides.append(f"rollout.max_turns={args.max_turns}")
     config = load_config(args.config, overrides)

@@ -1,7 +1,7 @@
 """Process rewards, measured: train the main task with and without process rewards, side by side.
 
-For every seed the script trains two arms from the same starting point, in one process, with the
-the training step driven step by step:
+For every seed the script trains two arms (or more, with ``--arm``) from the same starting point,
+in one process, with the training step driven step by step:
 
 * ``outcome``: the config's rewards as they are (the bundled ``demo`` config: ``answer_match``
   only, an outcome reward per trajectory);
@@ -9,7 +9,11 @@ the training step driven step by step:
   ``tool_call`` shaper with its safe defaults, +0.1 for a successful calculator call in an episode
   that ended with an answer, at most one per episode, and -0.1 per failed or malformed call).
 
-It reports, per arm (mean ± sd over seeds) and as the ratio process / outcome:
+* any arm given with ``--arm "NAME: KEY=VALUE ..."``: the outcome arm plus those overrides, e.g.
+  ``--arm "gigpo: algorithm.name=gigpo"`` (turn-level credit from the outcome reward alone).
+
+It reports, per arm (mean ± sd and a 95% t-interval over seeds), as the ratio arm / outcome, and
+as the paired per-seed difference arm − outcome with its 95% t-interval:
 
 * the variance and std of the trajectory scores (returns) over each step's batch, of their
   outcome part alone, and within each group (what GRPO normalises), averaged over steps;
@@ -18,12 +22,18 @@ It reports, per arm (mean ± sd over seeds) and as the ratio process / outcome:
 * the mean of the gradient norm (``actor/grad_norm``, before clipping) and its variance across
   steps;
 * learning curves (``reward/answer_match`` and ``success/train`` per step) as a PNG, a JSON file
-  and a Markdown table, and with ``--eval`` the held-out greedy success after training.
+  and a Markdown table, and with ``--eval`` the held-out greedy success before training (once: the
+  arms share the starting model, and greedy decoding does not depend on the seed) and after.
+
+A study is resumable: run the same command with the same ``--out`` and the runs already finished
+there are kept, not run again. ``--merge DIR ...`` writes one report from the runs of several
+output directories (seeds run in separate processes side by side).
 
 Examples (from the repository root)::
 
     .venv/bin/python benchmarks/process_rewards.py --tiny --steps 3 --seeds 0 1 --threads 1
-    .venv/bin/python benchmarks/process_rewards.py --seeds 0 1 2 --eval
+    .venv/bin/python benchmarks/process_rewards.py --seeds 0 1 2 --eval --arm "gigpo: algorithm.name=gigpo"
+    .venv/bin/python benchmarks/process_rewards.py --merge runs/pr-s0 runs/pr-s1 --out runs/pr
     .venv/bin/python benchmarks/process_rewards.py --process "tool_call:1.0:success=0.2" \\
         --process "env:format_error=-0.1" trainer.steps=20
 
@@ -41,6 +51,7 @@ import argparse
 import gc
 import json
 import math
+import shlex
 import time
 import traceback
 from collections import defaultdict
@@ -138,7 +149,7 @@ def parse_process_spec(spec: str) -> tuple[list[dict[str, Any]], list[str]]:
     if spec.startswith("{"):
         mapping = yaml.safe_load(spec)
         if not isinstance(mapping, dict) or "name" not in mapping:
-            raise SystemExit(f"--process {spec!r}: a mapping needs at least a 'name'")
+            raise ValueError(f"--process {spec!r}: a mapping needs at least a 'name'")
         return [mapping], []
     head, _, rest = spec.partition(":")
     if head == "env":
@@ -146,26 +157,26 @@ def parse_process_spec(spec: str) -> tuple[list[dict[str, Any]], list[str]]:
         for item in filter(None, (part.strip() for part in rest.split(","))):
             key, sep, raw = item.partition("=")
             if not sep:
-                raise SystemExit(f"--process {spec!r}: expected env:KEY=VALUE,... (got {item!r})")
+                raise ValueError(f"--process {spec!r}: expected env:KEY=VALUE,... (got {item!r})")
             option = ENV_PROCESS_KEYS.get(key.strip(), key.strip())
             overrides.append(f"environment.{option}={raw.strip()}")
         if not overrides:
-            raise SystemExit(f"--process {spec!r}: env: needs at least one KEY=VALUE")
+            raise ValueError(f"--process {spec!r}: env: needs at least one KEY=VALUE")
         return [], overrides
     if not head:
-        raise SystemExit(f"--process {spec!r}: expected NAME[:WEIGHT][:OPTION=VALUE,...]")
+        raise ValueError(f"--process {spec!r}: expected NAME[:WEIGHT][:OPTION=VALUE,...]")
     reward: dict[str, Any] = {"name": head}
     parts = rest.split(":", 1) if rest else []
     if parts and "=" not in parts[0]:
         try:
             reward["weight"] = float(parts.pop(0))
         except ValueError:
-            raise SystemExit(f"--process {spec!r}: the weight must be a number") from None
+            raise ValueError(f"--process {spec!r}: the weight must be a number") from None
     for chunk in parts:
         for item in filter(None, (part.strip() for part in chunk.split(","))):
             key, sep, raw = item.partition("=")
             if not sep:
-                raise SystemExit(f"--process {spec!r}: expected OPTION=VALUE (got {item!r})")
+                raise ValueError(f"--process {spec!r}: expected OPTION=VALUE (got {item!r})")
             reward[key.strip()] = _value(raw)
     return [reward], []
 
@@ -185,8 +196,30 @@ def _resolved(config: str, overrides: list[str]) -> dict[str, Any]:
     return resolved_dict(loaded, validate_components(loaded))
 
 
-def build_arms(config: str, base: list[str], process: Sequence[str], with_overrides: list[str]) -> list[Arm]:
-    """The two arms; both start from ``config`` + ``base``, the process arm adds the signals."""
+def parse_arm_spec(spec: str) -> tuple[str, list[str]]:
+    """``--arm "NAME: KEY=VALUE KEY=VALUE"`` -> (name, overrides)."""
+    name, sep, rest = spec.partition(":")
+    name = name.strip()
+    if not sep or not name.isidentifier() or name in ("outcome", "process"):
+        raise ValueError(
+            f"--arm {spec!r}: expected 'NAME: KEY=VALUE ...' with a new arm name (not outcome or process)"
+        )
+    overrides = shlex.split(rest)
+    bad = [item for item in overrides if "=" not in item]
+    if not overrides or bad:
+        raise ValueError(f"--arm {spec!r}: expected KEY=VALUE overrides after the name (got {bad or 'none'})")
+    return name, overrides
+
+
+def build_arms(
+    config: str,
+    base: list[str],
+    process: Sequence[str],
+    with_overrides: list[str],
+    extra: Sequence[str] = (),
+) -> list[Arm]:
+    """The arms; all start from ``config`` + ``base``: the process arm adds the signals, each
+    ``--arm`` its own overrides (validated here, before any model loads)."""
     from agent_r1.config import load_config
 
     rewards = [r.model_dump(exclude_none=True) for r in load_config(config, base).rewards]
@@ -212,7 +245,7 @@ def build_arms(config: str, base: list[str], process: Sequence[str], with_overri
     env_process = {k: v for k, v in outcome_full["environment"].items() if k.endswith("_reward") and v}
     if env_process:
         print(f"note: the outcome arm's environment already emits process rewards: {env_process}")
-    return [
+    arms = [
         Arm(
             "outcome",
             " + ".join(describe_reward(r) for r in rewards) or "none",
@@ -226,6 +259,14 @@ def build_arms(config: str, base: list[str], process: Sequence[str], with_overri
             " + ".join([describe_reward(r, options=False) for r in rewards + added] + env_text),
         ),
     ]
+    for spec in extra:
+        name, overrides = parse_arm_spec(spec)
+        if any(a.name == name for a in arms):
+            raise ValueError(f"--arm {spec!r}: the arm {name!r} is given twice")
+        _resolved(config, [*base, *overrides])
+        text = " ".join(overrides)
+        arms.append(Arm(name, f"{arms[0].label}; {text}", [*base, *overrides], f"{arms[0].short}; {text}"))
+    return arms
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,9 +371,17 @@ def run_summary(steps: list[dict[str, float]]) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def run_one(arm: Arm, seed: int, args: argparse.Namespace, out_dir: Path, record: dict[str, Any]) -> None:
+def run_one(
+    arm: Arm,
+    seed: int,
+    args: argparse.Namespace,
+    out_dir: Path,
+    record: dict[str, Any],
+    before: dict[str, Any] | None = None,
+) -> None:
     """Train one arm with one seed; fill ``record`` with its per-step records and summary as it goes
-    (a run that fails keeps the steps it finished)."""
+    (a run that fails keeps the steps it finished). With ``--eval`` and an empty ``before``, the
+    starting model is evaluated first and ``before`` filled in."""
     from agent_r1.config import load_config, resolved_dict, validate_components
     from agent_r1.engine.session import build_session
     from agent_r1.engine.trainer import train_step
@@ -348,6 +397,13 @@ def run_one(arm: Arm, seed: int, args: argparse.Namespace, out_dir: Path, record
     (run_dir / "config.json").write_text(json.dumps(plain, indent=2), encoding="utf-8")
 
     session = build_session(config, components, run_dir)
+    if args.eval and before is not None and not before:
+        from agent_r1.engine.runner import run_eval
+
+        tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
+        result = run_eval(session, tasks, label="before")
+        before.update({k: result[k] for k in ("success", "successes", "num_tasks") if k in result})
+        print(f"  held-out greedy success before training: {before.get('success', math.nan):.3f}", flush=True)
     recorder = AdvantageRecorder(session.estimator)
     for tracker in session.trackers:
         tracker.start(run_dir, plain)
@@ -402,36 +458,75 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+"""Two-sided 95% quantiles of Student's t by degrees of freedom (more than 10: 1.96 + 2.5 / df)."""
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95% t-interval of the mean of ``values`` (NaN with fewer than two)."""
+    kept = _finite(values)
+    if len(kept) < 2:
+        return math.nan
+    df = len(kept) - 1
+    t = T_975.get(df, 1.96 + 2.5 / df)
+    return float(t * np.std(kept, ddof=1) / math.sqrt(len(kept)))
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    kept = _finite(values)
+    return {
+        "mean": float(np.mean(kept)) if kept else math.nan,
+        "sd": float(np.std(kept, ddof=1)) if len(kept) > 1 else math.nan,
+        "ci95": ci95(kept),
+        "n": len(kept),
+    }
+
+
 def aggregate(runs: list[dict[str, Any]], arms: list[Arm]) -> dict[str, Any]:
-    """Mean and sd over seeds per arm, the ratio process / outcome, and per-seed paired ratios."""
-    ok = [r for r in runs if "error" not in r]
+    """Per arm: mean, sd and 95% t-interval over seeds; per other arm: the ratio of its mean to the
+    outcome arm's, and the paired per-seed difference (arm − outcome) with its 95% t-interval."""
+    ok = [r for r in runs if "error" not in r and "summary" in r]
     per_arm: dict[str, dict[str, dict[str, float]]] = {}
     for arm in arms:
         summaries = [r["summary"] for r in ok if r["arm"] == arm.name]
-        per_arm[arm.name] = {}
-        for key, _ in SUMMARY_ROWS:
-            values = _finite([s.get(key, math.nan) for s in summaries])
-            per_arm[arm.name][key] = {
-                "mean": float(np.mean(values)) if values else math.nan,
-                "sd": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
-                "n": len(values),
-            }
-    ratios = {
-        key: _ratio(per_arm["process"][key]["mean"], per_arm["outcome"][key]["mean"])
-        for key, _ in SUMMARY_ROWS
-    }
+        per_arm[arm.name] = {
+            key: _stats([s.get(key, math.nan) for s in summaries]) for key, _ in SUMMARY_ROWS
+        }
     by_seed: dict[int, dict[str, dict[str, float]]] = defaultdict(dict)
     for r in ok:
         by_seed[r["seed"]][r["arm"]] = r["summary"]
-    paired = {
-        key: {
-            str(seed): _ratio(pair["process"].get(key, math.nan), pair["outcome"].get(key, math.nan))
-            for seed, pair in sorted(by_seed.items())
-            if "process" in pair and "outcome" in pair
+    ratios: dict[str, dict[str, float]] = {}
+    paired_ratios: dict[str, dict[str, dict[str, float]]] = {}
+    differences: dict[str, dict[str, dict[str, float]]] = {}
+    for arm in arms[1:]:
+        ratios[arm.name] = {
+            key: _ratio(per_arm[arm.name][key]["mean"], per_arm["outcome"][key]["mean"])
+            for key, _ in SUMMARY_ROWS
         }
-        for key, _ in SUMMARY_ROWS
+        pairs = [
+            (seed, pair) for seed, pair in sorted(by_seed.items()) if arm.name in pair and "outcome" in pair
+        ]
+        paired_ratios[arm.name] = {
+            key: {
+                str(seed): _ratio(pair[arm.name].get(key, math.nan), pair["outcome"].get(key, math.nan))
+                for seed, pair in pairs
+            }
+            for key, _ in SUMMARY_ROWS
+        }
+        differences[arm.name] = {
+            key: _stats(
+                [pair[arm.name].get(key, math.nan) - pair["outcome"].get(key, math.nan) for _, pair in pairs]
+            )
+            for key, _ in SUMMARY_ROWS
+        }
+    return {
+        "per_arm": per_arm,
+        "ratio_over_outcome": ratios,
+        "paired_ratios_by_seed": paired_ratios,
+        "paired_difference": differences,
+        # the two-arm name kept for readers of earlier reports
+        "ratio_process_over_outcome": ratios.get("process", {}),
     }
-    return {"per_arm": per_arm, "ratio_process_over_outcome": ratios, "paired_ratios_by_seed": paired}
 
 
 def curves(runs: list[dict[str, Any]], arm: str, key: str) -> tuple[list[int], np.ndarray]:
@@ -473,7 +568,8 @@ def plot(runs: list[dict[str, Any]], arms: list[Arm], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(CURVE_KEYS), 1, figsize=(9, 2.8 * len(CURVE_KEYS)), sharex=True)
-    colors = {"outcome": "tab:gray", "process": "tab:blue"}
+    palette = ["tab:gray", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:red"]
+    colors = {arm.name: palette[i % len(palette)] for i, arm in enumerate(arms)}
     window = 1
     try:
         for ax, key in zip(axes, CURVE_KEYS, strict=True):
@@ -502,7 +598,7 @@ def plot(runs: list[dict[str, Any]], arms: list[Arm], path: Path) -> None:
         axes[-1].set_xlabel("step")
         smoothing = f"thick: rolling mean over {window} steps; " if window > 1 else ""
         fig.suptitle(
-            f"With and without process rewards: mean over seeds ({smoothing}band: min-max over seeds)",
+            f"{' vs '.join(a.name for a in arms)}: mean over seeds ({smoothing}band: min-max over seeds)",
             fontsize=10,
         )
         fig.tight_layout()
@@ -518,49 +614,94 @@ def _fmt(value: float, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def _cell(stats: dict[str, float]) -> str:
+    if stats["n"] == 0:
+        return "n/a"
+    if stats["n"] == 1:
+        return _fmt(stats["mean"])
+    return f"{_fmt(stats['mean'])} ± {_fmt(stats['ci95'], 2)}"
+
+
+DIFFERENCE_ROWS = (
+    "eval_success",
+    "answer_match_mean",
+    "success_train_last",
+    "score_var",
+    "outcome_var",
+    "adv_token_var",
+    "adv_traj_var",
+    "grad_norm_mean",
+    "grad_norm_var",
+)
+"""Summary rows also reported as paired per-seed differences (arm − outcome)."""
+
+
 def markdown(results: dict[str, Any]) -> str:
-    """The report: setup, the side-by-side table, learning curves per step, failures."""
-    arms = {a["name"]: a for a in results["arms"]}
+    """The report: setup, the side-by-side table, paired differences, learning curves, failures."""
+    ran = {r["arm"] for r in results["runs"] if "error" not in r and "summary" in r}
+    idle = [a["name"] for a in results["arms"][1:] if a["name"] not in ran]
+    arms = [a for a in results["arms"] if a["name"] == "outcome" or a["name"] in ran]  # arms with runs
+    names = [a["name"] for a in arms]
+    others = names[1:]
     agg = results["aggregate"]
     lines = [
         "# Process rewards, measured",
         "",
         f"- config: `{results['config']}`, seeds {results['seeds']}, {results['steps']} steps per run",
-        f"- outcome arm: {arms['outcome']['label']}",
-        f"- process arm: {arms['process']['label']}",
+        *[f"- {a['name']} arm: {a['label']}" for a in arms],
+        *([f"- defined but not run here: {', '.join(idle)}"] if idle else []),
         f"- runs: {results['runs_ok']} finished, {results['runs_failed']} failed",
+    ]
+    before = results.get("eval_before") or {}
+    if "success" in before:
+        lines.append(
+            f"- held-out greedy success before training (the shared starting model): "
+            f"{before['success'] * 100:.1f}% of {before.get('num_tasks', '?')} tasks"
+        )
+    lines += [
         "",
-        "Mean ± sd over seeds; each per-step statistic is first averaged over the steps of a run.",
-        "Ratio = process / outcome (below 1: less with process rewards); change = ratio − 1.",
+        "Mean ± 95% t-interval half-width over seeds; each per-step statistic is first averaged over",
+        "the steps of a run. Ratio = arm / outcome (below 1: less than outcome only).",
         "",
-        "| metric | outcome only | with process rewards | ratio | change |",
-        "|---|---|---|---|---|",
+        "| metric | " + " | ".join(names) + " | " + " | ".join(f"{o} / outcome" for o in others) + " |",
+        "|---|" + "---|" * (len(names) + len(others)),
     ]
     for key, label in SUMMARY_ROWS:
-        a, b = agg["per_arm"]["outcome"][key], agg["per_arm"]["process"][key]
-        if a["n"] == 0 and b["n"] == 0:
+        cells = [agg["per_arm"][n][key] for n in names]
+        if all(c["n"] == 0 for c in cells):
             continue
-        ratio = agg["ratio_process_over_outcome"][key]
-        change = f"{(ratio - 1) * 100:+.0f}%" if math.isfinite(ratio) else "n/a"
+        ratios = [agg["ratio_over_outcome"][o][key] for o in others]
+        ratio_text = [f"{_fmt(r, 3)} ({(r - 1) * 100:+.0f}%)" if math.isfinite(r) else "n/a" for r in ratios]
         lines.append(
-            f"| {label} | {_fmt(a['mean'])} ± {_fmt(a['sd'], 2)} | {_fmt(b['mean'])} ± {_fmt(b['sd'], 2)} "
-            f"| {_fmt(ratio, 3)} | {change} |"
+            f"| {label} | " + " | ".join(_cell(c) for c in cells) + " | " + " | ".join(ratio_text) + " |"
         )
+    labels = dict(SUMMARY_ROWS)
+    lines += [
+        "",
+        "## Paired differences (arm − outcome, same seed)",
+        "",
+        "Mean over seeds ± 95% t-interval half-width; an interval that contains 0 is no evidence of a",
+        "difference at this number of seeds.",
+        "",
+        "| metric | " + " | ".join(f"{o} − outcome" for o in others) + " |",
+        "|---|" + "---|" * len(others),
+    ]
+    for key in DIFFERENCE_ROWS:
+        cells = [agg["paired_difference"][o][key] for o in others]
+        if all(c["n"] == 0 for c in cells):
+            continue
+        lines.append(f"| {labels[key]} | " + " | ".join(_cell(c) for c in cells) + " |")
+    keys = ("reward/answer_match", "success/train")
     lines += [
         "",
         "## Learning curves (mean over seeds)",
         "",
-        "| step | answer_match outcome | answer_match process | success/train outcome "
-        "| success/train process |",
-        "|---|---|---|---|---|",
+        "| step | " + " | ".join(f"{k.split('/')[-1]} {n}" for k in keys for n in names) + " |",
+        "|---|" + "---|" * (len(keys) * len(names)),
     ]
     curve = results["curves"]
     for i, step in enumerate(curve["steps"]):
-        cells = [
-            _fmt(curve[arm][key][i], 3)
-            for key in ("reward/answer_match", "success/train")
-            for arm in ("outcome", "process")
-        ]
+        cells = [_fmt(curve[n][k][i], 3) for k in keys for n in names]
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
     failures = [r for r in results["runs"] if "error" in r]
     if failures:
@@ -633,7 +774,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="config override for the process arm only (repeatable)",
     )
-    parser.add_argument("--eval", action="store_true", help="held-out greedy success after each run (slow)")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar='"NAME: KEY=VALUE ..."',
+        help="a further arm: the outcome arm plus these overrides (repeatable), "
+        "e.g. 'gigpo: algorithm.name=gigpo'",
+    )
+    parser.add_argument(
+        "--only-arms",
+        nargs="+",
+        metavar="NAME",
+        help="train only these arms of each seed (the others can run in another process; see --merge)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="write one report from the runs already in these output directories (trains nothing)",
+    )
+    parser.add_argument(
+        "--eval",
+        action="store_true",
+        help="held-out greedy success before training and after each run (slow)",
+    )
     parser.add_argument("--eval-tasks", type=int, help="eval.num_tasks (default: the config's)")
     parser.add_argument("--out", help="output directory (default: runs/process_rewards/<time>)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
@@ -645,14 +810,49 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def merge(dirs: Sequence[str], out: Path) -> int:
+    """One report from the ``results.json`` of several output directories (same arms in each)."""
+    loaded = []
+    for name in dirs:
+        path = Path(name) / "results.json"
+        if not path.is_file():
+            print(f"error: --merge {name}: no results.json there (is it an output directory of this script?)")
+            return 2
+        loaded.append(json.loads(path.read_text(encoding="utf-8")))
+
+    def study(name: str, results: dict[str, Any]) -> list[Any]:
+        # the arms, with this directory's own path (--tiny's model lives there) left out
+        here = str(Path(name).resolve())
+        return [(a["name"], [o.replace(here, "<out>") for o in a["overrides"]]) for a in results["arms"]]
+
+    first = loaded[0]
+    for name, other in zip(dirs[1:], loaded[1:], strict=True):
+        if study(name, other) != study(dirs[0], first):
+            print(f"error: --merge {name}: its arms differ from those of {dirs[0]}; merge like with like")
+            return 2
+    arms = [Arm(a["name"], a["label"], a["overrides"], a.get("short", "")) for a in first["arms"]]
+    runs = [run for other in loaded for run in other["runs"]]
+    results = {k: v for k, v in first.items() if k not in ("runs", "aggregate", "curves")}
+    results["seeds"] = sorted({r["seed"] for r in runs})
+    results["merged_from"] = [str(d) for d in dirs]
+    results["eval_before"] = next((o["eval_before"] for o in loaded if o.get("eval_before")), {})
+    out.mkdir(parents=True, exist_ok=True)
+    write_reports(results, runs, arms, out)
+    print((out / "summary.md").read_text(encoding="utf-8"))
+    print(f"written: {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    out = Path(args.out or f"runs/process_rewards/{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.merge:
+        return merge(args.merge, out)
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress line per step is ours; no bars per model load
-    out = Path(args.out or f"runs/process_rewards/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
 
     base: list[str] = []
@@ -673,11 +873,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agent_r1.errors import AgentR1Error
 
     try:
-        arms = build_arms(args.config, base, args.process, args.with_override)
-    except AgentR1Error as exc:  # a bad override or --process fails here, before any model loads
-        print(f"error: {exc}")
+        arms = build_arms(args.config, base, args.process, args.with_override, args.arm)
+    except (AgentR1Error, ValueError) as exc:  # a bad override, --process or --arm fails here,
+        print(f"error: {exc}")  # before any model loads
         return 2
-    if args.tiny:
+    if args.tiny and not (tiny_dir / "config.json").is_file():
         from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
@@ -693,17 +893,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         "arms": [
             {"name": a.name, "label": a.label, "short": a.short, "overrides": a.overrides} for a in arms
         ],
+        "eval_before": {},
     }
-    print(f"outcome arm: {arms[0].label}\nprocess arm: {arms[1].label}\noutput: {out}", flush=True)
+    # resume: the runs of the same study already finished in this output directory are kept
+    done: dict[tuple[str, int], dict[str, Any]] = {}
+    previous = out / "results.json"
+    if previous.is_file():
+        earlier = json.loads(previous.read_text(encoding="utf-8"))
+        if earlier.get("arms") == results["arms"] and earlier.get("steps") == steps:
+            done = {
+                (r["arm"], r["seed"]): r
+                for r in earlier.get("runs", [])
+                if "summary" in r and "error" not in r
+            }
+            results["eval_before"] = earlier.get("eval_before") or {}
+        else:
+            print(f"error: {out} holds a different study (other arms or steps); give a new --out")
+            return 2
+    for arm in arms:
+        print(f"{arm.name} arm: {arm.label}", flush=True)
+    print(f"output: {out}", flush=True)
+    if done:
+        print(f"resuming: {len(done)} finished run(s) kept: {sorted(done)}", flush=True)
 
-    runs: list[dict[str, Any]] = []
+    selected = [a for a in arms if not args.only_arms or a.name in args.only_arms]
+    unknown = sorted(set(args.only_arms or []) - {a.name for a in arms})
+    if unknown:
+        print(
+            f"error: --only-arms {' '.join(unknown)}: no such arm (arms: {', '.join(a.name for a in arms)})"
+        )
+        return 2
+    planned = {(a.name, seed) for seed in args.seeds for a in selected}
+    # finished runs of this study that this invocation does not plan stay in the report
+    runs: list[dict[str, Any]] = [r for key, r in done.items() if key not in planned]
     for seed in args.seeds:
-        for arm in arms:  # paired: both arms of a seed run back to back
+        for arm in selected:  # paired: the arms of a seed run back to back
+            if (arm.name, seed) in done:
+                runs.append(done[(arm.name, seed)])
+                continue
             print(f"== {arm.name} arm, seed {seed}", flush=True)
             record: dict[str, Any] = {"arm": arm.name, "seed": seed}
             runs.append(record)
             try:
-                run_one(arm, seed, args, out, record)
+                run_one(arm, seed, args, out, record, results["eval_before"])
             except KeyboardInterrupt:
                 record["error"] = "interrupted"
                 write_reports(results, runs, arms, out)
@@ -714,6 +946,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 record["traceback"] = traceback.format_exc()
             gc.collect()  # free the run's model before the next one
             write_reports(results, runs, arms, out)  # after every run: a crash later loses nothing
+    write_reports(results, runs, arms, out)
     print((out / "summary.md").read_text(encoding="utf-8"))
     print(f"written: {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
     return 0 if results["runs_ok"] else 1

@@ -132,6 +132,7 @@ def test_rollout_with_reuse_equals_rollout_without(tokenizer: Any, arch: str, te
     reuse, plain = backends(model, tokenizer)
     with_reuse = rollout(reuse, tokenizer, temperature)
     reused_tokens = reuse.step_metrics()
+    assert reuse._kept == {} and reuse._kept_bytes == 0  # freed when the batch of episodes ended
     without = rollout(plain, tokenizer, temperature)
     plain_tokens = plain.step_metrics()
     assert sorted({len(t.steps) for t in with_reuse}) == [1, 2, 3, 5]  # episodes end at different turns

@@ -415,6 +415,98 @@ def test_an_environment_that_raises_aborts_or_ends_the_episode(tokenizer: Any) -
     assert "fell over" in trajectory.steps[0].observation.info["error"]
 
 
+class ClosingEnv(EchoEnv):
+    """Records its aclose() calls; ``fail_close`` makes aclose raise."""
+
+    name = "closing_env"
+    closed: list[str] = []
+
+    class Config(EchoEnv.Config):
+        fail_close: bool = False
+
+    async def reset(self, task: Task) -> EpisodeStart:
+        self.task_id = task.id
+        return await super().reset(task)
+
+    async def aclose(self) -> None:
+        type(self).closed.append(self.task_id)
+        if self.config.fail_close:
+            raise OSError("the sandbox was already gone")
+
+
+def test_every_episode_is_closed_whatever_ended_it(tokenizer: Any) -> None:
+    """aclose() runs once per episode: ended by the environment, by the engine's max_turns, by an
+    environment error; a failing aclose is counted and noted, and the batch still comes back."""
+
+    def backend() -> ScriptedBackend:
+        return ScriptedBackend(tokenizer=tokenizer, responses=["hello"] * 3)
+
+    ClosingEnv.closed = []
+    engine = RolloutEngine(backend(), tokenizer, lambda: ClosingEnv({"done_after": 1}), max_turns=4)
+    engine.collect(tasks(2), 2, seed=0)
+    engine = RolloutEngine(backend(), tokenizer, lambda: ClosingEnv({"done_after": 9}), max_turns=2)
+    [capped] = engine.collect(tasks(1), 1, seed=0)
+    assert capped.termination == "max_turns"  # the engine's budget ended it, not the environment
+    assert sorted(ClosingEnv.closed) == ["t0", "t0", "t0", "t1", "t1"]
+    assert capped.metrics["env_close_errors"] == 0
+
+    ClosingEnv.closed = []
+    engine = RolloutEngine(backend(), tokenizer, lambda: ClosingEnv({"fail_close": True}), max_turns=2)
+    with pytest.warns(RuntimeWarning, match=r"2 of 2 episodes failed to close; first: .*already gone"):
+        trajectories = engine.collect(tasks(2), 1, seed=0)
+    assert ClosingEnv.closed == ["t0", "t1"]
+    for trajectory in trajectories:
+        assert trajectory.metrics["env_close_errors"] == 1
+        assert not trajectory.errors  # the episode is intact: kept for training
+    assert len(engine.last_close_errors) == 2 and "raised in aclose" in engine.last_close_errors[0]
+
+
+class MeasuringEnv(EchoEnv):
+    """Reports its own figures per step: a latency, and a retry on every second turn."""
+
+    name = "measuring_env"
+
+    async def step(self, action: Action, turn: int) -> Observation:
+        observation = await super().step(action, turn)
+        observation.metrics = {"lookup_ms": 10.0 * (turn + 1), **({"retries": 1.0} if turn % 2 else {})}
+        return observation
+
+
+def test_environment_figures_are_summed_per_episode_and_averaged_per_step(tokenizer: Any) -> None:
+    from agent_r1.engine.stats import batch_metrics
+
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=["hello"] * 3)
+    engine = RolloutEngine(backend, tokenizer, lambda: MeasuringEnv({"done_after": 3}), max_turns=3)
+    episodes = engine.collect(tasks(2), 1, seed=0)
+    for trajectory in episodes:  # turns 0, 1, 2: 10 + 20 + 30 ms, one retry (turn 1)
+        assert trajectory.metrics["env/lookup_ms"] == 60.0 and trajectory.metrics["env/retries"] == 1.0
+    short = RolloutEngine(
+        ScriptedBackend(tokenizer=tokenizer, responses=["hello"]),
+        tokenizer,
+        lambda: MeasuringEnv({"done_after": 1}),
+    ).collect(tasks(1), 1, seed=0)
+    assert "env/retries" not in short[0].metrics  # never reported in that episode
+    metrics = batch_metrics([*episodes, *short], success_signal="answer_match")
+    assert metrics["env/lookup_ms"] == pytest.approx((60 + 60 + 10) / 3)
+    assert metrics["env/retries"] == pytest.approx(2 / 3)  # an episode without it counts as 0
+    with pytest.raises(ValueError, match="metrics"):
+        Observation(metrics={"lookup_ms": "slow"})
+
+
+class BrokenClosingEnv(ClosingEnv):
+    async def step(self, action: Action, turn: int) -> Observation:
+        raise RuntimeError("the environment fell over")
+
+
+def test_episodes_are_closed_when_the_run_aborts(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=["hello"] * 3)
+    ClosingEnv.closed = []
+    engine = RolloutEngine(backend, tokenizer, BrokenClosingEnv)
+    with pytest.raises(AgentR1Error, match="fell over"):
+        engine.collect(tasks(2), 1, seed=0)
+    assert sorted(ClosingEnv.closed) == ["t0", "t1"]
+
+
 # --------------------------------------------------------------------------------------------
 # The real ToolEnv and calculator, driven by a scripted policy
 # --------------------------------------------------------------------------------------------

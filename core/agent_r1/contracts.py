@@ -217,6 +217,15 @@ class Environment(Component):
         the run instead."""
         raise NotImplementedError
 
+    async def aclose(self) -> None:
+        """Release what this episode holds (sessions, sandboxes, processes). The engine awaits it
+        once per episode after the whole batch has ended, whatever ended the episode: the
+        environment itself, an engine budget (``max_turns``, ``max_tokens``), an error, or the run
+        being stopped. The default does nothing. A failure here is counted in the trajectory
+        metric ``env_close_errors`` and warned about (``RuntimeWarning``); the trajectory is kept
+        and the run goes on."""
+        return None
+
 
 @dataclass
 class ParsedAction:
@@ -450,6 +459,12 @@ class RolloutBackend(Component):
     def sync_weights(self, model: Any, version: int) -> None:
         """Make the backend sample from ``model``'s current weights (tagged ``version``)."""
         self.policy_version = version
+
+    def end_rollout(self) -> None:
+        """Called by the rollout engine when a batch of episodes has ended: drop what only its
+        episodes could use (the ``hf`` backend frees the KV caches it kept across turns, so that
+        they do not sit in memory through the update). Since: 0.2.0 (default: nothing)."""
+        return None
 
     def step_metrics(self) -> dict[str, float]:
         """Figures of the backend's latest weight sync, sleep and wake (``backend/...``), logged with

@@ -169,6 +169,11 @@ class Observation(_Model):
     termination: str | None = None
     """Why the episode ended: ``answer``, ``no_tool_call``, ``max_turns``, ``max_tokens``, ..."""
     info: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Numeric figures of this step that a run should log (a retriever's latency, reconnects to a
+    server, a sandbox's memory). The engine sums each name over the episode's steps into
+    ``Trajectory.metrics["env/<name>"]``, and the trainer logs their mean over the batch as the step
+    metric ``env/<name>``. Report per-step amounts (deltas), not running totals."""
     tool_calls: list[ToolCall] | None = None
     """What the environment parsed out of the action (``None``: it does not parse actions). The
     engine copies ``tool_calls``, ``answer`` and ``parse_errors`` into the recorded

@@ -419,3 +419,79 @@ def test_a_trl_environment_class_runs_inside_agent_r1() -> None:
     assert trajectory.reward_by_name() == {"trl_env_reward": 1.0}
     prompt_text = tokenizer.decode(trajectory.token_ids[: trajectory.prompt_length])
     assert "Reach 7. Use the add tool." in prompt_text and '"name": "add"' in prompt_text
+
+
+class SlowLookupEnv:
+    """A TRL-style environment whose tool is synchronous and slow (a blocking network call)."""
+
+    active = 0
+    peak = 0
+    lock = __import__("threading").Lock()
+
+    def reset(self, **kwargs: Any) -> None:
+        return None
+
+    def lookup(self, key: str) -> str:
+        """Look a key up in a slow remote table.
+
+        Args:
+            key: what to look up
+        """
+        import time
+
+        cls = type(self)
+        with cls.lock:
+            cls.active += 1
+            cls.peak = max(cls.peak, cls.active)
+        try:
+            time.sleep(0.3 if key != "hang" else 5.0)
+        finally:
+            with cls.lock:
+                cls.active -= 1
+        return f"{key}=ok"
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+def _lookup_engine(responses: list[str], **options: Any) -> Any:
+    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.testing.scripted import ScriptedBackend
+
+    tokenizer = tiny_tokenizer()
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=responses)
+    return RolloutEngine(backend, tokenizer, lambda: TRLEnvironment(SlowLookupEnv, **options), max_turns=2)
+
+
+@pytest.mark.parametrize(("threaded", "expected_peak"), [(True, 8), (False, 1)])
+def test_sync_trl_tools_of_different_episodes_wait_together(threaded: bool, expected_peak: int) -> None:
+    """Sync tool methods run in worker threads: the 8 episodes' slow calls overlap (all 8 at once),
+    not one after another; with threaded_tools=False they run inline, one at a time."""
+    from agent_r1.mdp import Task
+
+    SlowLookupEnv.active = SlowLookupEnv.peak = 0
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}}\n</tool_call>'
+    engine = _lookup_engine([call, "done"], threaded_tools=threaded)
+    messages = [{"role": "user", "content": "Look a up."}]
+    tasks = [Task(id=f"t{i}", messages=messages, answer=1) for i in range(8)]
+    trajectories = engine.collect(tasks, 1, seed=0)
+    assert len(trajectories) == 8
+    for trajectory in trajectories:
+        [result] = trajectory.steps[0].observation.tool_results
+        assert result.ok and result.content == "a=ok"
+    assert SlowLookupEnv.peak == expected_peak
+
+
+def test_a_hanging_trl_tool_times_out_into_an_observation() -> None:
+    from agent_r1.mdp import Task
+
+    call = '<tool_call>\n{"name": "lookup", "arguments": {"key": "hang"}}\n</tool_call>'
+    engine = _lookup_engine([call, "done"], call_timeout_s=0.5)
+    task = Task(id="h", messages=[{"role": "user", "content": "x"}], answer=1)
+    [trajectory] = engine.collect([task], 1, seed=0)
+    [result] = trajectory.steps[0].observation.tool_results
+    assert not result.ok and result.error == "timeout"
+    assert "timed out after 0.5 s" in result.content
+    assert trajectory.termination == "answer"  # the episode went on after the failed call
+    with pytest.raises(IntegrationError, match="call_timeout_s"):
+        TRLEnvironment(SlowLookupEnv, call_timeout_s=0)

@@ -227,6 +227,11 @@ class HFBackend(RolloutBackend):
         self.policy_version = version
         self._drop_kept()
 
+    def end_rollout(self) -> None:
+        """The batch of episodes ended: no later prompt continues its rows, so the kept caches go
+        now rather than at the next weight sync (they would sit in memory through the update)."""
+        self._drop_kept()
+
     def step_metrics(self) -> dict[str, float]:
         """Prefill and decode seconds and prompt-token counts (see :data:`STEP_METRICS`), summed over
         the :meth:`generate` calls since the previous report, then reset. Calls between two

@@ -57,6 +57,9 @@ class TrainingProgress:
         failed = int(metrics.get("errors/failed_episodes", 0))
         if failed:  # episodes set aside because their environment or reward shaper failed
             info += f" | {failed} failed episode(s), not trained on"
+        unclosed = int(metrics.get("errors/env_close_errors", 0))
+        if unclosed:  # environments whose aclose() raised (the episodes are trained on)
+            info += f" | {unclosed} environment(s) failed to close"
         if self._progress is not None:
             self._progress.update(self._task, completed=step, info=info)
         else:

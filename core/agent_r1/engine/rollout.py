@@ -77,10 +77,13 @@ TRAJECTORY_METRICS: dict[str, str] = {
     "length_cuts": "actions cut by max_new_tokens",
     "observation_cuts": "observations shortened to fit max_context",
     "env_errors": "environment steps that raised (with on_env_error='end')",
+    "env_close_errors": "1 when the environment's aclose() raised after the episode (trajectory kept)",
     "policy_tokens": "tokens sampled by the policy",
     "context_tokens": "tokens in the trajectory",
 }
-"""Every per-trajectory metric in ``Trajectory.metrics``, with its meaning."""
+"""Every per-trajectory metric in ``Trajectory.metrics``, with its meaning; besides these,
+``env/<name>`` for each figure the environment reported in ``Observation.metrics`` (summed over
+the episode's steps)."""
 
 
 def turn_seed(seed: int, turn: int) -> int:
@@ -165,6 +168,8 @@ class RolloutEngine:
             )
         self.last_metrics: dict[str, float] = {}
         """Batch-level figures of the latest run (``rollout/...``): see :meth:`run`."""
+        self.last_close_errors: list[str] = []
+        """What each failed :meth:`Environment.aclose` of the latest run raised (also warned)."""
 
     # -- public API -----------------------------------------------------------------------------
     def collect(
@@ -215,22 +220,28 @@ class RolloutEngine:
         salt = group_salt if group_salt is not None else uuid.uuid4().hex[:8]
         seed = seed if seed is not None else self.sampling.seed
         episodes = self._make_episodes(tasks, group_size, salt, policy_version)
-        await self._reset(episodes)
         totals: defaultdict[str, float] = defaultdict(float)
         self._decoding_totals = defaultdict(float)
         turn = 0
-        while active := [episode for episode in episodes if not episode.done]:
-            started = time.perf_counter()
-            generated = self._generate(active, turn, seed)
-            totals["generation_s"] += time.perf_counter() - started
-            totals["generated_tokens"] += generated
-            totals["backend_calls"] += 1
-            started = time.perf_counter()
-            await self._step(active, turn)
-            totals["env_s"] += time.perf_counter() - started
-            turn += 1
-            if self.on_progress is not None:
-                self.on_progress(sum(episode.done for episode in episodes), len(episodes))
+        try:
+            await self._reset(episodes)
+            while active := [episode for episode in episodes if not episode.done]:
+                started = time.perf_counter()
+                generated = self._generate(active, turn, seed)
+                totals["generation_s"] += time.perf_counter() - started
+                totals["generated_tokens"] += generated
+                totals["backend_calls"] += 1
+                started = time.perf_counter()
+                await self._step(active, turn)
+                totals["env_s"] += time.perf_counter() - started
+                turn += 1
+                if self.on_progress is not None:
+                    self.on_progress(sum(episode.done for episode in episodes), len(episodes))
+        finally:
+            await self._close(episodes)
+            end_rollout = getattr(self.backend, "end_rollout", None)  # backends older than 0.2.0
+            if end_rollout is not None:
+                end_rollout()
         for episode in episodes:
             self._finish(episode)
         self.last_metrics = {
@@ -466,6 +477,8 @@ class RolloutEngine:
         counters["tool_errors"] += sum(not result.ok for result in observation.tool_results)
         counters["format_errors"] += len(action.parse_errors)
         counters["length_cuts"] += action.finish_reason == "length"
+        for name, value in observation.metrics.items():  # the environment's own figures
+            counters[f"env/{name}"] += value
         source = episode.env.name or type(episode.env).__name__
         for signal in observation.rewards:
             trajectory.rewards.append(
@@ -519,6 +532,35 @@ class RolloutEngine:
         episode.inline = True
         return None
 
+    async def _close(self, episodes: list[_Episode]) -> None:
+        """Every episode's :meth:`Environment.aclose`, concurrently; failures are counted."""
+
+        async def close(episode: _Episode) -> None:
+            aclose = getattr(episode.env, "aclose", None)  # environments written to the protocol only
+            if aclose is not None:
+                await aclose()
+
+        results = await asyncio.gather(*(close(episode) for episode in episodes), return_exceptions=True)
+        messages = []
+        for episode, result in zip(episodes, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # KeyboardInterrupt, SystemExit, cancellation: not a close failure
+                # counted, not a trajectory error: the episode itself is intact and is trained on
+                episode.counters["env_close_errors"] += 1
+                messages.append(
+                    f"environment {episode.env.name or type(episode.env).__name__!r} raised in aclose "
+                    f"(task {episode.task.id!r}): {type(result).__name__}: {result}"
+                )
+        self.last_close_errors = messages
+        if messages:
+            warnings.warn(
+                f"{len(messages)} of {len(episodes)} episodes failed to close; first: {messages[0]}. Their "
+                "trajectories are kept; fix the environment's aclose() if it leaks resources.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
     def _end(self, episode: _Episode, termination: str, *, truncated: bool) -> None:
         episode.done = True
         episode.trajectory.termination = termination
@@ -545,9 +587,11 @@ class RolloutEngine:
             "length_cuts": float(counters["length_cuts"]),
             "observation_cuts": float(counters["observation_cuts"]),
             "env_errors": float(counters["env_errors"]),
+            "env_close_errors": float(counters["env_close_errors"]),
             "policy_tokens": float(trajectory.num_policy_tokens),
             "context_tokens": float(len(trajectory)),
         }
+        trajectory.metrics.update({name: float(v) for name, v in counters.items() if name.startswith("env/")})
         if self.decoder is not None:
             from agent_r1.engine.decoding import DECODING_METRICS
 

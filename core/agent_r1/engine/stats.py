@@ -117,6 +117,9 @@ def batch_metrics(trajectories: Sequence[Trajectory], *, success_signal: str) ->
         [t.metrics.get("template_drift_tokens", 0.0) for t in trajectories]
     )
     out["rollout/env_error_rate"] = sum(t.metrics.get("env_errors", 0.0) > 0 for t in trajectories) / n
+    env_figures = sorted({name for t in trajectories for name in t.metrics if name.startswith("env/")})
+    for name in env_figures:  # Observation.metrics of the environments, per episode, batch mean
+        out[name] = _mean([t.metrics.get(name, 0.0) for t in trajectories])
     for reason, count in Counter(termination(t) for t in trajectories).items():
         out[f"termination/{reason}"] = count / n
     return out

@@ -58,11 +58,13 @@ def _check_failures(
 ) -> None:
     """Count the episodes whose environment or reward shaper failed (over every process), and stop
     the run when their share passes ``trainer.max_error_rate``."""
-    counts = all_gather(session, [(len(kept), len(failed), failed[0].errors[0] if failed else "")])
+    unclosed = sum(t.metrics.get("env_close_errors", 0.0) for t in [*kept, *failed])
+    counts = all_gather(session, [(len(kept), len(failed), failed[0].errors[0] if failed else "", unclosed)])
     total = sum(c[0] + c[1] for c in counts)
     bad = sum(c[1] for c in counts)
     metrics["errors/failed_episodes"] = float(bad)
     metrics["errors/failed_rate"] = bad / max(total, 1)
+    metrics["errors/env_close_errors"] = float(sum(c[3] for c in counts))
     limit = session.config.trainer.max_error_rate
     if bad and (bad / max(total, 1) > limit or bad == total):
         first = next(c[2] for c in counts if c[2])

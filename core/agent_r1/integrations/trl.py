@@ -19,7 +19,9 @@ Three adapters:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect
 import json
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+from agent_r1.builtins.tool_runner import CallTimedOut, run_in_thread
 from agent_r1.contracts import Environment, EpisodeStart, RolloutBackend, SamplingParams
 from agent_r1.integrations import IntegrationError, require
 from agent_r1.integrations._common import (
@@ -558,6 +561,14 @@ class TRLEnvironment(Environment):
     ``tool`` messages; a turn without a tool call ends the episode (termination ``answer``) and
     ``get_reward()`` becomes an outcome :class:`~agent_r1.RewardSignal` named ``reward_name``.
     A tool that raises is shown to the agent as ``Error: ...``.
+
+    A synchronous tool method runs in a worker thread (the engine's pool for synchronous tools),
+    so the episodes of a batch wait on their tools at the same time; the calls of one episode stay
+    in order, one after another, on that episode's own instance. A call that takes longer than
+    ``call_timeout_s`` is abandoned and shown as ``Error: ... timed out``. ``threaded_tools=False``
+    runs synchronous methods inline on the event loop instead (one call at a time in the whole
+    batch), for classes whose instances share state that is not thread-safe. ``async def``
+    methods are awaited either way.
     """
 
     name = "trl_environment"
@@ -568,11 +579,17 @@ class TRLEnvironment(Environment):
         *,
         max_turns: int = 4,
         reward_name: str = "trl_env_reward",
+        threaded_tools: bool = True,
+        call_timeout_s: float = 30.0,
     ) -> None:
         super().__init__({})
+        if call_timeout_s <= 0:
+            raise IntegrationError(f"TRLEnvironment: call_timeout_s={call_timeout_s}; give a positive number")
         self.factory = factory
         self.max_turns = max_turns
         self.reward_name = reward_name
+        self.threaded_tools = threaded_tools
+        self.call_timeout_s = call_timeout_s
         self.instance: Any = None
         self.methods: dict[str, Callable[..., Any]] = {}
 
@@ -641,9 +658,23 @@ class TRLEnvironment(Environment):
                 error="unknown_tool",
             )
         try:
-            value = method(**call.arguments)
+            if inspect.iscoroutinefunction(method):
+                value = await asyncio.wait_for(method(**call.arguments), self.call_timeout_s)
+            elif self.threaded_tools:
+                bound = functools.partial(method, **call.arguments)
+                value = await run_in_thread(bound, timeout=self.call_timeout_s, label=f"trl tool {call.name}")
+            else:
+                value = method(**call.arguments)
             if inspect.isawaitable(value):
-                value = await value
+                value = await asyncio.wait_for(value, self.call_timeout_s)
+        except (CallTimedOut, TimeoutError):
+            return ToolResult(
+                call_id=call.id,
+                name=call.name,
+                content=f"Error: the call to {call.name} timed out after {self.call_timeout_s:g} s",
+                ok=False,
+                error="timeout",
+            )
         except Exception as exc:  # the agent reads the failure, as in TRL's own tool loop
             return ToolResult(
                 call_id=call.id, name=call.name, content=f"Error: {exc}", ok=False, error="exception"

@@ -190,6 +190,9 @@ class _PromptBudget(Environment):
     async def step(self, action: Action, turn: int) -> Observation:
         return await self.inner.step(action, turn)
 
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
 
 def task_from_row(row: Mapping[str, Any]) -> Task:
     """The agent-r1 task of a verl dataset row: ``raw_prompt`` (the chat messages), and from

@@ -134,6 +134,31 @@ def test_the_session_ends_with_the_episode(humaneval_tasks) -> None:
     asyncio.run(episode())
 
 
+def test_an_episode_cut_by_the_engine_closes_its_session(humaneval_tasks) -> None:
+    """The engine's max_turns ends the episode (the environment never says done): aclose() ends the
+    python session right after the batch, not at garbage collection."""
+    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.testing.models import tiny_tokenizer
+    from agent_r1.testing.scripted import ScriptedBackend
+
+    task = by_id(humaneval_tasks, "HumanEval/2")
+    envs: list = []
+
+    def factory():
+        envs.append(get_registry().build("environments", "code", {}))
+        return envs[-1]
+
+    tokenizer = tiny_tokenizer()
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=["<python>x = 1</python>"])
+    engine = RolloutEngine(backend, tokenizer, factory, max_turns=1, max_context=4096)
+    [trajectory] = engine.collect([task], 1, seed=0)
+    assert trajectory.termination == "max_turns" and trajectory.metrics["env_close_errors"] == 0
+    [result] = trajectory.steps[0].observation.tool_results
+    assert result.ok and result.name == "python"  # the session was started by that call
+    tool = envs[0].tools["python"]
+    assert tool._session is None  # closed by the engine, while the environment is still referenced
+
+
 def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 

@@ -190,6 +190,9 @@ def test_observation_mode_shows_the_crash_and_reconnects(rollout: Callable[..., 
     assert (first.content, second.content) == ("saved note 1", "saved note 2")
     assert trajectory.steps[-1].observation.info["mcp"] == {"reconnects": 1, "lost": 1}
     assert trajectory.metrics["tool_errors"] == 1 and trajectory.termination == "answer"
+    # logged as the episode's figures: one lost connection, one reconnection, whatever the steps
+    assert trajectory.metrics["env/mcp_lost"] == 1 and trajectory.metrics["env/mcp_reconnects"] == 1
+    assert [s.observation.metrics["mcp_lost"] for s in trajectory.steps].count(1.0) == 1
 
 
 def test_reconnections_are_bounded(http_server: HttpServer, rollout: Callable[..., list[Trajectory]]) -> None:

@@ -121,6 +121,10 @@ class _SandboxedEnv(ToolEnv):
         """Close the episode's Python session (also done on garbage collection)."""
         self._finalizer()
 
+    async def aclose(self) -> None:
+        """The engine's end-of-episode hook: close the session now, whatever ended the episode."""
+        self.close()
+
 
 class CodeEnvConfig(_SandboxedConfig):
     """:class:`ToolEnvConfig` with the code defaults and the ``sandbox`` shortcut."""

@@ -280,6 +280,7 @@ class McpEnv(ToolEnv):
         classes = catalog(self.config, other_tools).classes
         self._bindings = {server.name: Binding(server) for server in self.config.servers}
         self._owned: list[McpConnection] = []
+        self._reported = {"reconnects": 0, "lost": 0}  # counters already in Observation.metrics
         for cls in classes:
             timeout = cls.server.call_timeout_s or self.config.call_timeout_s
             self.tools[cls.name] = cls(self._bindings[cls.server.name], timeout)
@@ -355,7 +356,10 @@ class McpEnv(ToolEnv):
         except BaseException:
             await self._close_owned()
             raise
-        observation.info["mcp"] = self.counters()
+        counters = observation.info["mcp"] = self.counters()
+        # this step's reconnects and lost connections, logged as env/mcp_reconnects, env/mcp_lost
+        observation.metrics.update({f"mcp_{k}": float(v - self._reported[k]) for k, v in counters.items()})
+        self._reported = dict(counters)
         if observation.done:
             await self._close_owned()
         return observation
