@@ -598,7 +598,8 @@ def plot(runs: list[dict[str, Any]], arms: list[Arm], path: Path) -> None:
         axes[-1].set_xlabel("step")
         smoothing = f"thick: rolling mean over {window} steps; " if window > 1 else ""
         fig.suptitle(
-            f"{' vs '.join(a.name for a in arms)}: mean over seeds ({smoothing}band: min-max over seeds)",
+            f"{' vs '.join(a.name for a in arms if curves(runs, a.name, CURVE_KEYS[0])[0])}: "
+            f"mean over seeds ({smoothing}band: min-max over seeds)",
             fontsize=10,
         )
         fig.tight_layout()
