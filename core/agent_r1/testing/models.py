@@ -27,6 +27,7 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -268,6 +269,30 @@ def tiny_model(
         pad_token_id=tokenizer.pad_token_id,
     )
     return model.eval()
+
+
+def completion_sft_step(
+    model: Any, optimizer: Any, batch: Sequence[tuple[Sequence[int], Sequence[int]]], pad_token_id: int
+) -> float:
+    """One supervised step on ``(prompt ids, target ids)`` pairs: right-padded rows, the loss on
+    the target tokens only. Tests use it to teach a tiny model a behaviour (writing a tool call)
+    before training it with RL; returns the loss."""
+    import torch
+
+    width = max(len(prompt) + len(target) for prompt, target in batch)
+    ids = torch.full((len(batch), width), pad_token_id)
+    labels = torch.full((len(batch), width), -100)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (prompt, target) in enumerate(batch):
+        end = len(prompt) + len(target)
+        ids[row, :end] = torch.tensor([*prompt, *target])
+        labels[row, len(prompt) : end] = torch.tensor(list(target))
+        attention[row, :end] = 1
+    loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss)
 
 
 def save_tiny_model(

@@ -69,7 +69,7 @@ def python_calling_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     from agent_r1.engine.chat import ChatRenderer
     from agent_r1.registry import get_registry
-    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+    from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_code.datasets import GSM8KDataset, HumanEvalDataset
 
     tokenizer = tiny_tokenizer()
@@ -92,17 +92,5 @@ def python_calling_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for _ in range(60):
         # prompt tails of mixed lengths: the call must follow whatever came before it
         batch = [(p[-rng.choice((12, 40, 160)) :], a) for p, a in rng.sample(examples, 8)]
-        width = max(len(prompt) + len(answer) for prompt, answer in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (prompt, answer) in enumerate(batch):
-            end = len(prompt) + len(answer)
-            ids[row, :end] = torch.tensor(prompt + answer)
-            labels[row, len(prompt) : end] = torch.tensor(answer)
-            attention[row, :end] = 1
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        completion_sft_step(model, optimizer, batch, tokenizer.pad_token_id)
     return save_tiny_model(tmp_path_factory.mktemp("python-calling-model"), model.eval(), tokenizer)

@@ -99,7 +99,7 @@ def noting_model(tmp_path_factory: pytest.TempPathFactory, http: HttpServer) -> 
     from agent_r1.builtins.calculator import ArithmeticDataset
     from agent_r1.engine.chat import ChatRenderer
     from agent_r1.testing import scripted_rollout
-    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+    from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_mcp.env import McpEnv
 
     tokenizer = tiny_tokenizer()
@@ -129,19 +129,7 @@ def noting_model(tmp_path_factory: pytest.TempPathFactory, http: HttpServer) -> 
     for _ in range(60):
         # whole contexts and their tails: the call must follow the real context and its ending
         batch = [(p[-rng.choice((24, 80, len(p))) :], a) for p, a in rng.sample(examples, 8)]
-        width = max(len(prompt) + len(target) for prompt, target in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (prompt, target) in enumerate(batch):
-            end = len(prompt) + len(target)
-            ids[row, :end] = torch.tensor(prompt + target)
-            labels[row, len(prompt) : end] = torch.tensor(target)
-            attention[row, :end] = 1
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        completion_sft_step(model, optimizer, batch, tokenizer.pad_token_id)
     return save_tiny_model(tmp_path_factory.mktemp("noting-model"), model.eval(), tokenizer)
 
 
@@ -174,7 +162,7 @@ def stdio_server_processes() -> list[int]:
         try:
             command = (entry / "cmdline").read_bytes().split(b"\0")
             state = (entry / "stat").read_text().split(")")[-1].split()[0]
-        except OSError:
+        except (FileNotFoundError, ProcessLookupError):  # it exited between listing and reading
             continue
         if str(SERVER_SCRIPT).encode() in command and b"--http" not in command and state != "Z":
             found.append(int(entry.name))

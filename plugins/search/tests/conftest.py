@@ -163,7 +163,7 @@ def searching_model(tmp_path_factory: pytest.TempPathFactory, search_cache: Path
     import torch
 
     from agent_r1.engine.chat import ChatRenderer
-    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+    from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_search.datasets import HotpotQADataset, NQDataset
     from agent_r1_plugin_search.env import SearchQAEnv
 
@@ -182,17 +182,5 @@ def searching_model(tmp_path_factory: pytest.TempPathFactory, search_cache: Path
     model.train()
     for _ in range(50):
         batch = rng.sample(examples, 16)
-        width = max(len(prompt) + len(target) for prompt, target in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
-        labels = torch.full((len(batch), width), -100)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, (prompt, target) in enumerate(batch):
-            end = len(prompt) + len(target)
-            ids[row, :end] = torch.tensor(prompt + target)
-            labels[row, len(prompt) : end] = torch.tensor(target)
-            attention[row, :end] = 1
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        completion_sft_step(model, optimizer, batch, tokenizer.pad_token_id)
     return save_tiny_model(tmp_path_factory.mktemp("searching-model"), model.eval(), tokenizer)
