@@ -1,6 +1,7 @@
 """Smoke runs, in real subprocesses with the tiny random model, of benchmarks/bench_kv_reuse.py
 (KV-cache reuse across turns, on vs off: both modes give the same trajectories and the report says
-where the prompt tokens went) and benchmarks/bench_shared_prefix_value.py (the same gradients)."""
+where the prompt tokens went), benchmarks/bench_shared_prefix_value.py and
+benchmarks/bench_step_prefix.py (the same gradients)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,22 @@ def test_bench_shared_prefix_value_tiny_smoke(tmp_path: Path) -> None:
     assert results["max_relative_grad_gap"] < 1e-4
     assert results["shared_prompt_tokens"] > 32 and results["rows"] == 4
     assert len(results["shared"]["times_s"]) == len(results["plain"]["times_s"]) == 1
+
+
+def test_bench_step_prefix_tiny_smoke(tmp_path: Path) -> None:
+    """benchmarks/bench_step_prefix.py: the prompt prefix run once per optimizer step gives the
+    gradients of running it in every micro-batch."""
+    script = str(ROOT / "benchmarks" / "bench_step_prefix.py")
+    completed = subprocess.run(
+        [sys.executable, script, "--tiny", "--repeats", "1", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    assert results["max_relative_grad_gap"] < 1e-4
+    assert results["rows"] == 16 and results["micro_batch_size"] == 8
+    assert len(results["step"]["times_s"]) == len(results["micro"]["times_s"]) == 1

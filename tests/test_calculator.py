@@ -236,6 +236,24 @@ def test_questions_are_varied() -> None:
     assert 100 <= per <= 999 and 11 <= count <= 99
 
 
+def test_train_categories_weight_the_train_split_and_leave_eval_alone() -> None:
+    plain = ArithmeticDataset({"num_train": 90, "num_eval": 30})
+    weighted = ArithmeticDataset(
+        {"num_train": 90, "num_eval": 30, "train_categories": ["add", "divide", "two_step", "divide"]}
+    )
+    assert [t.messages for t in weighted.load("eval")] == [t.messages for t in plain.load("eval")]
+    kinds = [t.category for t in weighted.load("train")]
+    assert kinds[:4] == ["add", "divide", "two_step", "divide"]
+    assert kinds.count("divide") == 45 and kinds.count("two_step") == 22 and kinds.count("add") == 23
+    assert {"multiply", "subtract"}.isdisjoint(kinds)
+    evaluation = {t.messages[0]["content"] for t in weighted.load("eval")}
+    assert evaluation.isdisjoint(t.messages[0]["content"] for t in weighted.load("train"))
+    with pytest.raises(ValidationError, match="train_categories"):
+        ArithmeticDataset({"train_categories": ["modulo"]})
+    with pytest.raises(ValidationError, match="train_categories"):
+        ArithmeticDataset({"train_categories": []})
+
+
 def test_dataset_config_and_split_errors() -> None:
     with pytest.raises(ValueError, match="no split 'test'; splits are train, eval"):
         ArithmeticDataset().load("test")

@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.batch import policy_forward
+from agent_r1.engine.batch import StepPrefix, policy_forward
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -128,3 +128,70 @@ def test_without_a_long_enough_prefix_the_plain_pass_runs(model: Any) -> None:
         handle.remove()
     assert seen == [tuple(ids.shape)] and out.hidden is not None
     assert out.hidden.shape[:2] == ids.shape
+
+
+def test_a_step_prefix_run_once_gives_the_gradients_of_the_plain_pass(model: Any) -> None:
+    """The trainer's step-wide prefix (StepPrefix): the shared prompt runs once at batch size 1 for
+    all micro-batches of an optimizer step; summed over micro-batches, then carried through the
+    prefix with backward(), the gradients equal those of one plain pass over all rows."""
+    generator = torch.Generator().manual_seed(11)
+    vocab = model.config.vocab_size
+    prefix = torch.randint(5, vocab, (40,), generator=generator).tolist()
+    # Two tasks: each micro-batch's rows share more than the step's prefix (their question).
+    questions = [torch.randint(5, vocab, (6,), generator=generator).tolist() for _ in range(2)]
+    suffixes = [
+        questions[row // 2] + torch.randint(5, vocab, (3 + row,), generator=generator).tolist()
+        for row in range(4)
+    ]
+    ids, mask = batch(prefix, suffixes)
+    start = len(prefix) + 6  # policy tokens follow each task's question
+    weight = mask.float()
+    weight[:, :start] = 0
+
+    def loss_of(out: Any, rows: list[int]) -> torch.Tensor:
+        assert out.entropy is not None
+        w = weight[rows, : out.logprobs.shape[1]]
+        return -(out.logprobs * w).sum() - 0.01 * (out.entropy * w).sum()
+
+    def grads() -> dict[str, torch.Tensor]:
+        return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad(set_to_none=True)
+    whole = policy_forward(model, ids, mask, with_entropy=True, start=start, share_prefix=0)
+    loss_of(whole, [0, 1, 2, 3]).backward()
+    plain = grads()
+
+    model.zero_grad(set_to_none=True)
+    seen, handle = prefix_batch_sizes(model)
+    try:
+        step = StepPrefix(model, ids[:1, : len(prefix)])
+        assert len(step) == len(prefix)
+        for rows in ([0, 1], [2, 3]):
+            out = policy_forward(
+                model, ids[rows], mask[rows], with_entropy=True, start=start, step_prefix=step
+            )
+            loss_of(out, rows).backward()
+        step.backward()
+    finally:
+        handle.remove()
+    shared = grads()
+    # one prefix pass at batch size 1, then each micro-batch runs its rows after the prefix only
+    assert seen[0] == (1, len(prefix))
+    assert [s[1] for s in seen[1:]] == [ids.shape[1] - len(prefix)] * 2
+    assert shared.keys() == plain.keys()
+    for name, grad in plain.items():
+        gap = (shared[name] - grad).abs().max()
+        assert gap <= 5e-5 * grad.abs().max() + 1e-7, (name, float(gap), float(grad.abs().max()))
+    assert step.leaves == []  # the graph is let go after backward
+
+
+def test_a_step_prefix_that_does_not_fit_a_row_is_refused(model: Any) -> None:
+    ids, mask = batch(list(range(5, 45)), [[50, 51, 52], [60, 61]])
+    step = StepPrefix(model, ids[:1, :40])
+    with pytest.raises(ValueError, match="step_prefix"):
+        policy_forward(model, ids, mask, start=30, step_prefix=step)  # scores inside the prefix
+    other = ids.clone()
+    other[1, 3] = 7
+    with pytest.raises(ValueError, match="step_prefix"):
+        policy_forward(model, other, mask, start=41, step_prefix=step)  # row 1 differs
+    step.release()

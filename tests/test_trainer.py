@@ -74,12 +74,27 @@ def test_ppo_with_critic_learns(registry: Any, model_dir: Path, tmp_path: Path) 
     assert all("critic/value_loss" in m for m in metrics)
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    ("aggregation", "shared_prompt"),
+    [("token-mean", 0), ("seq-mean-token-mean", 0), ("seq-mean-token-sum-norm", 0), ("token-mean", 40)],
+)
 def test_update_does_not_depend_on_micro_batch_size(
-    aggregation: str, registry: Any, model_dir: Path, tmp_path: Path
+    aggregation: str, shared_prompt: int, registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
     """The same trajectories give the same gradient for micro-batches of 1, 3 and 8 (the gradient
-    the optimizer stepped with stays in ``.grad``; Adam's first step would hide scale errors)."""
+    the optimizer stepped with stays in ``.grad``; Adam's first step would hide scale errors).
+    With a long prompt that all rows share, the smaller micro-batches run it once per optimizer
+    step (StepPrefix) and the single micro-batch of 8 shares it within itself."""
+    import agent_r1.engine.update as update_module
+
+    prefixes: list[int] = []
+
+    class CountedStepPrefix(update_module.StepPrefix):
+        def __init__(self, model: Any, ids: torch.Tensor) -> None:
+            prefixes.append(int(ids.shape[1]))
+            super().__init__(model, ids)
+
+    monkeypatch.setattr(update_module, "StepPrefix", CountedStepPrefix)
     results = []
     for micro in (1, 3, 8):
         config = toy_config(
@@ -95,10 +110,13 @@ def test_update_does_not_depend_on_micro_batch_size(
             },
         )
         session = _session(config, registry)
-        update(session, fixed_trajectories(session.tokenizer))
+        update(session, fixed_trajectories(session.tokenizer, shared_prompt=shared_prompt))
         results.append(
             torch.cat([p.grad.flatten() for p in session.unwrapped.parameters() if p.grad is not None])
         )
+    # the prompt ends where the rows differ: the shared part and the BOS/template tokens before it
+    assert prefixes == ([] if not shared_prompt else [prefixes[0]] * 2)
+    assert not shared_prompt or prefixes[0] >= shared_prompt
     assert results[0].abs().max() > 1e-3
     assert torch.allclose(results[0], results[1], atol=1e-7, rtol=1e-5)
     assert torch.allclose(results[0], results[2], atol=1e-7, rtol=1e-5)

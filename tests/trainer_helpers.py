@@ -69,16 +69,18 @@ def toy_registry() -> Any:
     return reset_registry(registry)
 
 
-def fixed_trajectories(tokenizer: Any, count: int = 8) -> list[Trajectory]:
-    """Hand-built scored trajectories: two groups with different rewards, varied lengths."""
+def fixed_trajectories(tokenizer: Any, count: int = 8, shared_prompt: int = 0) -> list[Trajectory]:
+    """Hand-built scored trajectories: two groups with different rewards, varied lengths; with
+    ``shared_prompt`` every prompt starts with the same that many tokens (a system prompt)."""
     generator = torch.Generator().manual_seed(0)
     vocab = len(tokenizer)
+    common = torch.randint(5, vocab, (shared_prompt,), generator=generator).tolist()
     out = []
     for i in range(count):
         trajectory = Trajectory(
             id=f"t{i}", task_id=f"task{i // 4}", group_id=f"g{i // 4}", sample_index=i % 4
         )
-        prompt = torch.randint(5, vocab, (10,), generator=generator).tolist()
+        prompt = common + torch.randint(5, vocab, (10,), generator=generator).tolist()
         action = torch.randint(5, vocab, (3 + i % 4,), generator=generator).tolist()
         trajectory.append(TokenSource.PROMPT, 0, prompt)
         trajectory.append(TokenSource.POLICY, 0, action, [-1.0] * len(action))

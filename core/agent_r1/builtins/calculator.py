@@ -393,8 +393,9 @@ GENERATORS: dict[str, Callable[[random.Random], tuple[str, str, int]]] = {
 class ArithmeticDataset(Dataset):
     """Deterministic arithmetic word problems, solvable with one or two calculator calls.
 
-    Task ``i`` of a split has category ``categories[i % len(categories)]``, ``answer`` the integer
-    result, ``messages`` a single user message (the environment adds the system prompt) and
+    Task ``i`` of a split has category ``categories[i % len(categories)]`` (the train split cycles
+    ``train_categories`` instead when it is set), ``answer`` the integer result, ``messages`` a
+    single user message (the environment adds the system prompt) and
     ``metadata = {"expression": "347*29", "split": ...}``. Splits ``train`` and ``eval`` come from
     separate random streams, and train never repeats an eval question.
     """
@@ -408,6 +409,13 @@ class ArithmeticDataset(Dataset):
         num_eval: int = Field(200, ge=0, description="tasks in the eval split")
         categories: list[Category] = Field(
             default_factory=lambda: list(CATEGORIES), min_length=1, description="problem kinds, cycled"
+        )
+        train_categories: list[Category] | None = Field(
+            None,
+            min_length=1,
+            description="problem kinds of the train split only, cycled (default: categories); a kind "
+            "listed more than once is drawn that much more often, so training can dwell on the hard "
+            "kinds while the eval split keeps its balanced mix",
         )
 
         @model_validator(mode="after")
@@ -440,6 +448,8 @@ class ArithmeticDataset(Dataset):
         seen = set(exclude)
         tasks: list[Task] = []
         categories = self.config.categories
+        if split == "train" and self.config.train_categories is not None:
+            categories = self.config.train_categories
         for index in range(count):
             category = categories[index % len(categories)]
             for _ in range(1000):

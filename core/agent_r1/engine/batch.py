@@ -108,6 +108,54 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     return int(different[0]) if len(different) else int(input_ids.shape[1])
 
 
+class StepPrefix:
+    """The prompt prefix that every row of an optimizer step shares (system prompt, worked
+    examples), run once for the whole step instead of once per micro-batch.
+
+    Each micro-batch reads the prefix's KV cache through detached copies (leaves), so its backward
+    pass stops there and leaves the gradient with respect to the cache on those leaves, summed over
+    micro-batches; :meth:`backward` then carries that sum through the prefix's single forward pass.
+    The parameters' gradients are those of running the prefix in every micro-batch (the chain rule
+    is linear in the cache's gradient), at one prefix forward and backward per step.
+    """
+
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.ids = ids  # [1, P]
+        self.tensors: list[torch.Tensor] = []  # per layer keys, values [1, heads, P, head_dim]
+        for layer in cache.layers:
+            self.tensors += [layer.keys, layer.values]
+        self.leaves = [t.detach().requires_grad_(t.requires_grad) for t in self.tensors]
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[1])
+
+    def cache(self, size: int) -> object:
+        """A fresh KV cache holding the prefix for ``size`` rows (the leaves, expanded)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        for layer in range(len(self.leaves) // 2):
+            keys, values = self.leaves[2 * layer], self.leaves[2 * layer + 1]
+            cache.update(keys.expand(size, -1, -1, -1), values.expand(size, -1, -1, -1), layer)
+        return cache
+
+    def backward(self) -> None:
+        """Carry the gradient the micro-batches left on the cache through the prefix's pass."""
+        pairs = [(t, leaf.grad) for t, leaf in zip(self.tensors, self.leaves, strict=True)]
+        pairs = [(t, g) for t, g in pairs if g is not None and t.requires_grad]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], grad_tensors=[g for _, g in pairs])
+        self.release()
+
+    def release(self) -> None:
+        """Drop the prefix's graph and cache (after :meth:`backward`, or when the step is given up)."""
+        self.tensors, self.leaves = [], []
+
+
 def policy_forward(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -118,6 +166,7 @@ def policy_forward(
     with_hidden: bool = False,
     start: int = 0,
     share_prefix: int = 32,
+    step_prefix: StepPrefix | None = None,
 ) -> ForwardOut:
     """Per-token log-probabilities of ``input_ids`` ``[B, T]`` under ``model``, with logits scaled
     by ``1 / temperature`` (the definition the rollout backend uses for its log-probabilities).
@@ -129,6 +178,8 @@ def policy_forward(
     those of the plain forward pass at a fraction of the cost (0 disables this). ``with_hidden``
     returns the last hidden state of every position ``[B, T, H]`` (for a value head on the shared
     backbone); with a shared prefix, the prefix's positions come from its single pass, expanded.
+    ``step_prefix`` supplies a prefix already run for the whole optimizer step (see
+    :class:`StepPrefix`); every row must start with its tokens.
     """
     size, length = input_ids.shape
     first = min(max(start - 1, 0), length - 1)
@@ -137,7 +188,15 @@ def policy_forward(
         prefix = 0
     past = None
     prefix_hidden = None  # [B, P, H]
-    if prefix:
+    if step_prefix is not None:
+        prefix = len(step_prefix)
+        if with_hidden or prefix > first or not bool((input_ids[:, :prefix] == step_prefix.ids).all()):
+            raise ValueError(
+                "policy_forward: step_prefix must be a prefix of every row, end before the first "
+                "scored position, and cannot be used with with_hidden"
+            )
+        past = step_prefix.cache(size)
+    elif prefix:
         from transformers import DynamicCache
 
         past = DynamicCache()

@@ -32,7 +32,15 @@ import numpy as np
 import torch
 
 from agent_r1.contracts import AdvantageInput, LossInput
-from agent_r1.engine.batch import TrainBatch, collate, first_policy_position, no_grad_logprobs, policy_forward
+from agent_r1.engine.batch import (
+    StepPrefix,
+    TrainBatch,
+    collate,
+    first_policy_position,
+    no_grad_logprobs,
+    policy_forward,
+    shared_prefix_length,
+)
 from agent_r1.engine.collect import all_gather
 from agent_r1.engine.critic import critic_values, no_grad_values, state_values
 from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
@@ -254,10 +262,16 @@ def _mini_batch_step(
     shares: dict[str, float] = defaultdict(float)
     finite = True
     started = time.perf_counter()
+    prefix = _step_prefix(session, batch, micro_rows)
     for k, chunk in enumerate(micro_rows):
         micro = batch.select(chunk)
         loss, parts = micro_loss(
-            session, micro, targets.rows(chunk, micro.input_ids.shape[1]), normalizer, temperature
+            session,
+            micro,
+            targets.rows(chunk, micro.input_ids.shape[1]),
+            normalizer,
+            temperature,
+            step_prefix=prefix,
         )
         if not torch.isfinite(loss):
             finite = False
@@ -273,6 +287,11 @@ def _mini_batch_step(
             else:
                 sums[name] += value
                 counts[name] += 1
+    if prefix is not None:
+        if finite:
+            prefix.backward()
+        else:
+            prefix.release()
     timings["time/forward_backward_s"] += time.perf_counter() - started
     started = time.perf_counter()
     params = [p for group in session.optimizer.param_groups for p in group["params"]]
@@ -299,9 +318,16 @@ def _mini_batch_step(
 
 
 def micro_loss(
-    session: Session, micro: TrainBatch, targets: Targets, normalizer: Normalizer, temperature: float
+    session: Session,
+    micro: TrainBatch,
+    targets: Targets,
+    normalizer: Normalizer,
+    temperature: float,
+    *,
+    step_prefix: StepPrefix | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """One micro-batch's share of the mini-batch loss, and its diagnostics."""
+    """One micro-batch's share of the mini-batch loss, and its diagnostics. ``step_prefix``: the
+    prompt prefix the whole optimizer step shares, already run (see :func:`_step_prefix`)."""
     algo = session.config.algorithm
     mask = micro.loss_mask  # [B, T] policy tokens
     shared_backbone = session.needs_critic and session.critic_model is None
@@ -313,6 +339,7 @@ def micro_loss(
         with_entropy=True,
         with_hidden=shared_backbone,
         start=first_policy_position(mask),
+        step_prefix=step_prefix,
     )
     logprobs = out.logprobs  # [B, T]
     old = targets.old_logprobs if targets.old_logprobs is not None else logprobs.detach()
@@ -380,6 +407,26 @@ def global_normalizer(session: Session, masks: list[torch.Tensor]) -> Normalizer
     counts = torch.tensor([norm.num_tokens, norm.num_sequences], device=session.device)
     counts = session.accelerator.reduce(counts, reduction="sum")
     return Normalizer(norm.mode, int(counts[0]), int(counts[1]), norm.length)
+
+
+STEP_PREFIX_MIN_TOKENS = 32
+"""A step-wide prefix shorter than this is not worth its own pass."""
+
+
+def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]]) -> StepPrefix | None:
+    """The prompt prefix that every row of this optimizer step shares, run once for all its
+    micro-batches; ``None`` where that cannot pay (one micro-batch: it shares its prefix by
+    itself), where the prefix is short, or where it is not exact: several processes (their
+    gradients are reduced at the last micro-batch's backward) and a critic on the policy's
+    backbone (it reads the prefix's hidden states too)."""
+    if len(micro_rows) < 2 or session.world != 1 or (session.needs_critic and session.critic_model is None):
+        return None
+    rows = [r for chunk in micro_rows for r in chunk]
+    ids, attention = batch.input_ids[rows], batch.attention_mask[rows]
+    length = min(shared_prefix_length(ids, attention), first_policy_position(batch.loss_mask[rows]) - 1)
+    if length < STEP_PREFIX_MIN_TOKENS:
+        return None
+    return StepPrefix(session.model, ids[:1, :length])
 
 
 def _critic_backbone(session: Session) -> torch.nn.Module:
