@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+from _ab import max_relative_gap, time_alternating, write_results
 
 MODES = {"shared": 32, "plain": 0}  # policy_forward's share_prefix
 
@@ -123,19 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     grads = {mode: step(model, head, ids, mask, start, share) for mode, share in MODES.items()}  # warm-up
-    gap = max(
-        float((grads["shared"][name] - grad).abs().max() / grad.abs().max().clamp(min=1e-12))
-        for name, grad in grads["plain"].items()
-    )
-    wall: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for repeat in range(args.repeats):
-        order = list(MODES) if repeat % 2 == 0 else list(MODES)[::-1]
-        for mode in order:
-            started, cpu_started = time.perf_counter(), time.process_time()
-            step(model, head, ids, mask, start, MODES[mode])
-            wall[mode].append(time.perf_counter() - started)
-            cpu[mode].append(time.process_time() - cpu_started)
+    gap = max_relative_gap(grads["shared"], grads["plain"])
     results: dict[str, Any] = {
         "rows": args.rows,
         "tokens": int(mask.sum()),
@@ -143,27 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_relative_grad_gap": gap,
         "threads": torch.get_num_threads(),
     }
-    for mode in MODES:
-        results[mode] = {
-            "best_s": min(wall[mode]),
-            "median_s": statistics.median(wall[mode]),
-            "cpu_median_s": statistics.median(cpu[mode]),
-            "times_s": wall[mode],
-        }
-        print(
-            f"{mode:>7}: best {min(wall[mode]):6.2f} s  median {statistics.median(wall[mode]):6.2f} s  "
-            f"CPU median {statistics.median(cpu[mode]):6.2f} s"
-        )
+
+    def run(mode: str) -> None:
+        step(model, head, ids, mask, start, MODES[mode])
+
+    results.update(time_alternating(run, list(MODES), args.repeats))
     results["speedup_median"] = results["plain"]["median_s"] / results["shared"]["median_s"]
     results["cpu_speedup_median"] = results["plain"]["cpu_median_s"] / results["shared"]["cpu_median_s"]
     print(
         f"speed-up (plain / shared): median {results['speedup_median']:.2f}x  CPU median "
         f"{results['cpu_speedup_median']:.2f}x; largest relative gradient gap {gap:.1e}"
     )
-    out = Path(args.out or f"runs/bench_shared_prefix_value/{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    print(f"wrote {out / 'results.json'}")
+    write_results(results, args.out, "bench_shared_prefix_value")
     return 0 if gap < 1e-4 else 1
 
 

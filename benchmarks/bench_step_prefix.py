@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
-import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+from _ab import max_relative_gap, time_alternating, write_results
 
 MODES = ("step", "micro")
 
@@ -144,18 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     grads = {mode: step(model, ids, mask, policy, args.micro, mode) for mode in MODES}  # warm-up
-    gap = max(
-        float((grads["step"][name] - grad).abs().max() / grad.abs().max().clamp(min=1e-12))
-        for name, grad in grads["micro"].items()
-    )
-    wall: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-    for repeat in range(args.repeats):
-        for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-            started, cpu_started = time.perf_counter(), time.process_time()
-            step(model, ids, mask, policy, args.micro, mode)
-            wall[mode].append(time.perf_counter() - started)
-            cpu[mode].append(time.process_time() - cpu_started)
+    gap = max_relative_gap(grads["step"], grads["micro"])
     results: dict[str, Any] = {
         "rows": len(ids),
         "micro_batch_size": args.micro,
@@ -163,26 +149,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_relative_grad_gap": gap,
         "threads": torch.get_num_threads(),
     }
-    for mode in MODES:
-        results[mode] = {
-            "best_s": min(wall[mode]),
-            "median_s": statistics.median(wall[mode]),
-            "cpu_median_s": statistics.median(cpu[mode]),
-            "times_s": wall[mode],
-        }
-        print(
-            f"{mode:>6}: best {min(wall[mode]):6.2f} s  median {statistics.median(wall[mode]):6.2f} s  "
-            f"CPU median {statistics.median(cpu[mode]):6.2f} s"
-        )
+    results.update(
+        time_alternating(lambda mode: step(model, ids, mask, policy, args.micro, mode), MODES, args.repeats)
+    )
     results["speedup_median"] = results["micro"]["median_s"] / results["step"]["median_s"]
     print(
         f"speed-up (prefix per micro-batch / per step): median {results['speedup_median']:.2f}x; "
         f"largest relative gradient gap {gap:.1e}"
     )
-    out = Path(args.out or f"runs/bench_step_prefix/{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
-    print(f"wrote {out / 'results.json'}")
+    write_results(results, args.out, "bench_step_prefix")
     return 0 if gap < 1e-4 else 1
 
 

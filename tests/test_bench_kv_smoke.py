@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "benchmarks" / "bench_kv_reuse.py")
@@ -52,12 +53,10 @@ def test_bench_kv_reuse_reports_a_bad_override(tmp_path: Path) -> None:
     assert completed.stdout.startswith("error: ") and "no_such_option" in completed.stdout
 
 
-def test_bench_shared_prefix_value_tiny_smoke(tmp_path: Path) -> None:
-    """benchmarks/bench_shared_prefix_value.py: the shared-prefix PPO forward/backward with a value
-    head gives the plain pass's gradients."""
-    script = str(ROOT / "benchmarks" / "bench_shared_prefix_value.py")
+def run_gradient_bench(script: str, out: Path) -> dict[str, Any]:
+    """Run a gradient-comparison benchmark once on the tiny model; its results.json."""
     completed = subprocess.run(
-        [sys.executable, script, "--tiny", "--repeats", "1", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--tiny", "--repeats", "1", "--out", str(out)],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -65,8 +64,15 @@ def test_bench_shared_prefix_value_tiny_smoke(tmp_path: Path) -> None:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    results: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert results["max_relative_grad_gap"] < 1e-4
+    return results
+
+
+def test_bench_shared_prefix_value_tiny_smoke(tmp_path: Path) -> None:
+    """benchmarks/bench_shared_prefix_value.py: the shared-prefix PPO forward/backward with a value
+    head gives the plain pass's gradients."""
+    results = run_gradient_bench("bench_shared_prefix_value.py", tmp_path)
     assert results["shared_prompt_tokens"] > 32 and results["rows"] == 4
     assert len(results["shared"]["times_s"]) == len(results["plain"]["times_s"]) == 1
 
@@ -74,17 +80,6 @@ def test_bench_shared_prefix_value_tiny_smoke(tmp_path: Path) -> None:
 def test_bench_step_prefix_tiny_smoke(tmp_path: Path) -> None:
     """benchmarks/bench_step_prefix.py: the prompt prefix run once per optimizer step gives the
     gradients of running it in every micro-batch."""
-    script = str(ROOT / "benchmarks" / "bench_step_prefix.py")
-    completed = subprocess.run(
-        [sys.executable, script, "--tiny", "--repeats", "1", "--out", str(tmp_path)],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
-    assert results["max_relative_grad_gap"] < 1e-4
+    results = run_gradient_bench("bench_step_prefix.py", tmp_path)
     assert results["rows"] == 16 and results["micro_batch_size"] == 8
     assert len(results["step"]["times_s"]) == len(results["micro"]["times_s"]) == 1

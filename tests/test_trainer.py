@@ -114,9 +114,10 @@ def test_update_does_not_depend_on_micro_batch_size(
         results.append(
             torch.cat([p.grad.flatten() for p in session.unwrapped.parameters() if p.grad is not None])
         )
-    # the prompt ends where the rows differ: the shared part and the BOS/template tokens before it
-    assert prefixes == ([] if not shared_prompt else [prefixes[0]] * 2)
-    assert not shared_prompt or prefixes[0] >= shared_prompt
+    # one step-wide prefix for micro-batches of 1 and of 3 (none for one micro-batch of 8), covering
+    # at least the shared prompt (template tokens before it are shared too)
+    assert len(prefixes) == (2 if shared_prompt else 0)
+    assert all(length >= shared_prompt for length in prefixes)
     assert results[0].abs().max() > 1e-3
     assert torch.allclose(results[0], results[1], atol=1e-7, rtol=1e-5)
     assert torch.allclose(results[0], results[2], atol=1e-7, rtol=1e-5)

@@ -146,7 +146,7 @@ class StepPrefix:
     def backward(self) -> None:
         """Carry the gradient the micro-batches left on the cache through the prefix's pass."""
         pairs = [(t, leaf.grad) for t, leaf in zip(self.tensors, self.leaves, strict=True)]
-        pairs = [(t, g) for t, g in pairs if g is not None and t.requires_grad]
+        pairs = [(t, grad) for t, grad in pairs if grad is not None]
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], grad_tensors=[g for _, g in pairs])
         self.release()
@@ -183,9 +183,6 @@ def policy_forward(
     """
     size, length = input_ids.shape
     first = min(max(start - 1, 0), length - 1)
-    prefix = min(shared_prefix_length(input_ids, attention_mask), first) if share_prefix else 0
-    if prefix < max(share_prefix, 1):
-        prefix = 0
     past = None
     prefix_hidden = None  # [B, P, H]
     if step_prefix is not None:
@@ -196,20 +193,24 @@ def policy_forward(
                 "scored position, and cannot be used with with_hidden"
             )
         past = step_prefix.cache(size)
-    elif prefix:
-        from transformers import DynamicCache
+    else:
+        prefix = min(shared_prefix_length(input_ids, attention_mask), first) if share_prefix else 0
+        if prefix < max(share_prefix, 1):
+            prefix = 0
+        if prefix:
+            from transformers import DynamicCache
 
-        past = DynamicCache()
-        head = model(
-            input_ids=input_ids[:1, :prefix],
-            past_key_values=past,
-            use_cache=True,
-            logits_to_keep=1,
-            output_hidden_states=with_hidden,
-        )
-        past.batch_repeat_interleave(size)
-        if with_hidden:
-            prefix_hidden = head.hidden_states[-1].expand(size, -1, -1)
+            past = DynamicCache()
+            head = model(
+                input_ids=input_ids[:1, :prefix],
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
+                output_hidden_states=with_hidden,
+            )
+            past.batch_repeat_interleave(size)
+            if with_hidden:
+                prefix_hidden = head.hidden_states[-1].expand(size, -1, -1)
     outputs = model(
         input_ids=input_ids[:, prefix:],
         attention_mask=attention_mask.long(),

@@ -330,7 +330,7 @@ def micro_loss(
     prompt prefix the whole optimizer step shares, already run (see :func:`_step_prefix`)."""
     algo = session.config.algorithm
     mask = micro.loss_mask  # [B, T] policy tokens
-    shared_backbone = session.needs_critic and session.critic_model is None
+    shared_backbone = _critic_on_policy_backbone(session)
     out = policy_forward(
         session.model,
         micro.input_ids,
@@ -419,7 +419,7 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     itself), where the prefix is short, or where it is not exact: several processes (their
     gradients are reduced at the last micro-batch's backward) and a critic on the policy's
     backbone (it reads the prefix's hidden states too)."""
-    if len(micro_rows) < 2 or session.world != 1 or (session.needs_critic and session.critic_model is None):
+    if len(micro_rows) < 2 or session.world != 1 or _critic_on_policy_backbone(session):
         return None
     rows = [r for chunk in micro_rows for r in chunk]
     ids, attention = batch.input_ids[rows], batch.attention_mask[rows]
@@ -427,6 +427,11 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     if length < STEP_PREFIX_MIN_TOKENS:
         return None
     return StepPrefix(session.model, ids[:1, :length])
+
+
+def _critic_on_policy_backbone(session: Session) -> bool:
+    """A value head that reads the policy's own hidden states (no separate critic model)."""
+    return session.needs_critic and session.critic_model is None
 
 
 def _critic_backbone(session: Session) -> torch.nn.Module:

@@ -648,15 +648,12 @@ class TRLEnvironment(Environment):
         )
 
     async def _call(self, call: ToolCall) -> ToolResult:
+        def failed(content: str, error: str) -> ToolResult:
+            return ToolResult(call_id=call.id, name=call.name, content=content, ok=False, error=error)
+
         method = self.methods.get(call.name)
         if method is None:
-            return ToolResult(
-                call_id=call.id,
-                name=call.name,
-                content=f"Error: unknown tool {call.name!r}; tools: {sorted(self.methods)}",
-                ok=False,
-                error="unknown_tool",
-            )
+            return failed(f"Error: unknown tool {call.name!r}; tools: {sorted(self.methods)}", "unknown_tool")
         try:
             if inspect.iscoroutinefunction(method):
                 value = await asyncio.wait_for(method(**call.arguments), self.call_timeout_s)
@@ -668,17 +665,10 @@ class TRLEnvironment(Environment):
             if inspect.isawaitable(value):
                 value = await asyncio.wait_for(value, self.call_timeout_s)
         except (CallTimedOut, TimeoutError):
-            return ToolResult(
-                call_id=call.id,
-                name=call.name,
-                content=f"Error: the call to {call.name} timed out after {self.call_timeout_s:g} s",
-                ok=False,
-                error="timeout",
-            )
+            timeout = f"Error: the call to {call.name} timed out after {self.call_timeout_s:g} s"
+            return failed(timeout, "timeout")
         except Exception as exc:  # the agent reads the failure, as in TRL's own tool loop
-            return ToolResult(
-                call_id=call.id, name=call.name, content=f"Error: {exc}", ok=False, error="exception"
-            )
+            return failed(f"Error: {exc}", "exception")
         return ToolResult(call_id=call.id, name=call.name, content=str(value))
 
     async def _reward(self, turn: int) -> list[RewardSignal]:
