@@ -345,6 +345,42 @@ def test_calculator_env_options(builtin_registry: Registry) -> None:
         builtin_registry.build("environments", "calculator", {"few_shot": ["modulo"]})
 
 
+def test_calculator_env_shows_worked_examples_of_your_own(builtin_registry: Registry) -> None:
+    task = ArithmeticDataset().load("eval")[0]
+    shared = {"question": "3024 pens are shared equally among 14 boxes. How many go in each box?"}
+    env = builtin_registry.build(
+        "environments",
+        "calculator",
+        {"few_shot": ["divide", {**shared, "expression": "3024 / 14"}, "two_step"]},
+    )
+    shown = asyncio.run(env.reset(task)).messages
+    assert [m["content"] for m in shown if m["role"] == "user"] == [
+        FEW_SHOT_BY_CATEGORY["divide"][0],
+        "<result>233</result>",
+        shared["question"],
+        "<result>216</result>",  # computed by the real tool
+        FEW_SHOT_BY_CATEGORY["two_step"][0],
+        "<result>647</result>",
+        task.messages[0]["content"],
+    ]
+    assert "<calc>3024 / 14</calc>" in [m["content"] for m in shown if m["role"] == "assistant"]
+    # A broken example is refused when the config is read, before any model loads.
+    with pytest.raises(ConfigError, match=r"few_shot.*calculator refuses '3024/'"):
+        builtin_registry.build(
+            "environments", "calculator", {"few_shot": [{**shared, "expression": "3024/"}]}
+        )
+    with pytest.raises(ConfigError, match="same example more than once"):
+        builtin_registry.build(
+            "environments",
+            "calculator",
+            {"few_shot": [{**shared, "expression": "3024/14"}, {**shared, "expression": "3024/14"}]},
+        )
+    with pytest.raises(ConfigError, match="expression"):  # both fields are required
+        builtin_registry.build("environments", "calculator", {"few_shot": [shared]})
+    with pytest.raises(ConfigError, match="give a count or a list"):
+        builtin_registry.build("environments", "calculator", {"few_shot": "all"})
+
+
 def test_every_few_shot_example_is_right_and_no_generated_task_repeats_it() -> None:
     for kind, (_question, expression) in FEW_SHOT_BY_CATEGORY.items():
         assert kind in CATEGORIES

@@ -195,3 +195,22 @@ def test_a_step_prefix_that_does_not_fit_a_row_is_refused(model: Any) -> None:
     with pytest.raises(ValueError, match="step_prefix"):
         policy_forward(model, other, mask, start=41, step_prefix=step)  # row 1 differs
     step.release()
+
+
+def test_entropy_as_a_metric_keeps_nothing_for_backward(model: Any) -> None:
+    """``entropy_grad=False`` (the trainer's choice when ``entropy_coef`` is 0): the same entropy
+    values, detached, and the same log-probability gradients as with the entropy in the graph."""
+    ids, mask = batch([5, 9, 14, 3], [[7, 8, 21, 30, 2], [11, 2], [40, 41, 42]])
+    grads = []
+    outs = []
+    for entropy_grad in (True, False):
+        model.zero_grad(set_to_none=True)
+        out = policy_forward(model, ids, mask, with_entropy=True, entropy_grad=entropy_grad, start=4)
+        (-(out.logprobs * mask).sum()).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        outs.append(out)
+    assert outs[0].entropy is not None and outs[1].entropy is not None
+    assert outs[0].entropy.requires_grad and not outs[1].entropy.requires_grad
+    assert torch.equal(outs[0].entropy.detach(), outs[1].entropy)
+    assert float(outs[1].entropy[:, 4:].abs().sum()) > 0
+    assert torch.equal(grads[0], grads[1])

@@ -364,15 +364,23 @@ class Trajectory(_Model):
         """Dense per-token rewards: outcome signals at the last policy token, process signals at the
         last policy token of their turn. Trajectories without policy tokens get all zeros."""
         rewards = [0.0] * len(self)
+        for index, value in self.reward_positions():
+            rewards[index] += value
+        return rewards
+
+    def reward_positions(self) -> list[tuple[int, float]]:
+        """:meth:`token_rewards` in sparse form: ``(token index, weighted reward)`` per signal, in
+        the order of :attr:`rewards` (an index may repeat); empty without policy tokens."""
         final = self.last_policy_index()
         if final is None:
-            return rewards
+            return []
+        out = []
         for signal in self.rewards:
             index = final if signal.kind == "outcome" else self.last_policy_index(signal.turn)
             if index is None:  # a process reward before any policy token: credit the first action
                 index = final if signal.turn is None else self._first_policy_index()
-            rewards[index] += signal.weighted
-        return rewards
+            out.append((index, signal.weighted))
+        return out
 
     def _first_policy_index(self) -> int:
         return self.loss_mask.index(1)

@@ -20,9 +20,9 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from agent_r1.builtins.tool_env import ToolEnv, ToolError
 from agent_r1.contracts import ComponentConfig, ComponentSpec, Dataset, EpisodeStart, Tool
@@ -497,6 +497,47 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = tuple(FEW_SHOT_BY_CATEGORY.valu
 """The worked examples in order: ``few_shot: k`` shows the first ``k``."""
 
 
+class WorkedExample(BaseModel):
+    """A worked example of your own for ``few_shot``: a question and the expression that solves it
+    (the environment computes the result with the real tool)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, description="the problem, as the user would ask it")
+    expression: str = Field(min_length=1, description="the calculator call that solves it, e.g. 3024/14")
+
+    @field_validator("expression")
+    @classmethod
+    def _computable(cls, expression: str) -> str:
+        try:
+            evaluate(expression, Limits())
+        except CalculatorError as exc:
+            raise ValueError(f"the calculator refuses {expression!r}: {exc}") from exc
+        return expression
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, (dict, WorkedExample)):
+        return "example"
+    return "int" if isinstance(value, int) else "kind"
+
+
+FewShotItem = Annotated[
+    Annotated[Category, Tag("kind")] | Annotated[WorkedExample, Tag("example")], Discriminator(_shape)
+]
+FewShot = Annotated[
+    Annotated[int, Tag("int")] | Annotated[list[FewShotItem], Tag("list")],
+    Discriminator(
+        _shape,
+        custom_error_type="few_shot",
+        custom_error_message="give a count or a list of problem kinds and {question, expression} examples",
+    ),
+]
+"""``few_shot``: a count, or a list of problem kinds and worked examples of your own."""
+
+
 class CalculatorEnv(ToolEnv):
     """The calculator task: ``<calc>expression</calc>`` calls, ``<answer>number</answer>`` ends.
 
@@ -520,19 +561,26 @@ class CalculatorEnv(ToolEnv):
             description="tool-call format; the default calls the calculator with <calc>...</calc>",
         )
         system_prompt: str | None = SYSTEM_PROMPT
-        few_shot: int | list[Category] = Field(
+        few_shot: FewShot = Field(
             2,
             description="worked examples shown as earlier conversation turns: a count (the first k of "
-            "multiply, subtract, add, divide, two_step) or the problem kinds to show, in order",
+            "multiply, subtract, add, divide, two_step) or a list, in order, of problem kinds (the "
+            "bundled example of that kind) and {question, expression} examples of your own",
         )
 
         @field_validator("few_shot")
         @classmethod
-        def _known_examples(cls, value: int | list[Category]) -> int | list[Category]:
+        def _known_examples(cls, value: FewShot) -> FewShot:
             if isinstance(value, int) and not 0 <= value <= len(FEW_SHOT_EXAMPLES):
                 raise ValueError(f"few_shot={value}: give 0 to {len(FEW_SHOT_EXAMPLES)} examples")
-            if isinstance(value, list) and len(set(value)) != len(value):
-                raise ValueError(f"few_shot lists a problem kind more than once: {value}")
+            if isinstance(value, list):
+                questions = [
+                    item.question if isinstance(item, WorkedExample) else FEW_SHOT_BY_CATEGORY[item][0]
+                    for item in value
+                ]
+                repeated = sorted({q for q in questions if questions.count(q) > 1})
+                if repeated:
+                    raise ValueError(f"few_shot shows the same example more than once: {repeated[0]!r}")
             return value
 
     config: Config
@@ -556,7 +604,12 @@ class CalculatorEnv(ToolEnv):
         examples = (
             FEW_SHOT_EXAMPLES[:chosen]
             if isinstance(chosen, int)
-            else tuple(FEW_SHOT_BY_CATEGORY[kind] for kind in chosen)
+            else tuple(
+                (item.question, item.expression)
+                if isinstance(item, WorkedExample)
+                else FEW_SHOT_BY_CATEGORY[item]
+                for item in chosen
+            )
         )
         for index, (question, expression) in enumerate(examples):
             value = tool.run(tool.Arguments.model_validate({"expression": expression}))
@@ -583,6 +636,7 @@ __all__ = [
     "CalculatorError",
     "CalculatorTool",
     "Limits",
+    "WorkedExample",
     "evaluate",
     "format_number",
     "normalize_expression",

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from agent_r1.contracts import ComponentConfig, Generation, RolloutBackend, SamplingParams
+from agent_r1.engine.kv import with_cache
 from agent_r1.errors import AgentR1Error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -464,7 +465,7 @@ class HFBackend(RolloutBackend):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **with_cache(self.model, cache),
             use_cache=True,
             **extra,
         )

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
-from agent_r1.mdp import Trajectory
+from agent_r1.engine.kv import with_cache
+from agent_r1.mdp import TokenSource, Trajectory
 
 
 @dataclass
@@ -28,8 +30,9 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def select(self, index: Sequence[int] | torch.Tensor) -> TrainBatch:
-        """Rows ``index`` of every field, trimmed to their longest row."""
+    def select(self, index: Sequence[int] | torch.Tensor, *, width: int | None = None) -> TrainBatch:
+        """Rows ``index`` of every field, trimmed to their longest row (to ``width`` columns when
+        the caller knows that length: then nothing waits for the device)."""
         rows = torch.as_tensor(index, dtype=torch.long)
         picked = {}
         for f in fields(self):
@@ -39,11 +42,12 @@ class TrainBatch:
             else:
                 picked[f.name] = [value[int(i)] for i in rows]
         batch = replace(self, **picked)
-        return batch.trim()
+        return batch.trim(width)
 
-    def trim(self) -> TrainBatch:
-        length = int(self.attention_mask.sum(dim=1).max().item()) if len(self) else 0
-        length = max(length, 1)
+    def trim(self, width: int | None = None) -> TrainBatch:
+        if width is None:
+            width = int(self.attention_mask.sum(dim=1).max().item()) if len(self) else 0
+        length = max(width, 1)
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -66,19 +70,32 @@ def collate(
     mask of truncated trajectories is emptied (DAPO's overlong filtering)."""
     length = max(len(t) for t in trajectories)
     size = len(trajectories)
-    input_ids = torch.full((size, length), pad_token_id, dtype=torch.long)
-    attention = torch.zeros((size, length), dtype=torch.bool)
-    loss_mask = torch.zeros((size, length), dtype=torch.bool)
-    rewards = torch.zeros((size, length), dtype=torch.float32)
-    logprobs = torch.zeros((size, length), dtype=torch.float32)
+    # filled segment by segment in numpy (one C-level copy per segment, not a Python step per token)
+    input_ids = np.full((size, length), pad_token_id, dtype=np.int64)
+    attention = np.zeros((size, length), dtype=np.bool_)
+    loss_mask = np.zeros((size, length), dtype=np.bool_)
+    rewards = np.zeros((size, length), dtype=np.float32)
+    logprobs = np.zeros((size, length), dtype=np.float32)
     for row, trajectory in enumerate(trajectories):
-        n = len(trajectory)
-        input_ids[row, :n] = torch.tensor(trajectory.token_ids, dtype=torch.long)
-        attention[row, :n] = True
-        if not (mask_truncated and trajectory.truncated):
-            loss_mask[row, :n] = torch.tensor(trajectory.loss_mask, dtype=torch.bool)
-        rewards[row, :n] = torch.tensor(trajectory.token_rewards(), dtype=torch.float32)
-        logprobs[row, :n] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
+        masked = mask_truncated and trajectory.truncated
+        position = 0
+        for segment in trajectory.segments:
+            end = position + len(segment.token_ids)
+            input_ids[row, position:end] = segment.token_ids
+            if segment.source is TokenSource.POLICY:
+                loss_mask[row, position:end] = not masked
+                if segment.logprobs is not None:
+                    logprobs[row, position:end] = segment.logprobs
+            position = end
+        attention[row, :position] = True
+        dense: dict[int, float] = {}
+        for index, value in trajectory.reward_positions():  # summed as token_rewards() sums them
+            dense[index] = dense.get(index, 0.0) + value
+        for index, value in dense.items():
+            rewards[row, index] = value
+    input_ids, attention, loss_mask, rewards, logprobs = (
+        torch.from_numpy(a) for a in (input_ids, attention, loss_mask, rewards, logprobs)
+    )
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention,
@@ -123,7 +140,7 @@ class StepPrefix:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         self.ids = ids  # [1, P]
         self.tensors: list[torch.Tensor] = []  # per layer keys, values [1, heads, P, head_dim]
         for layer in cache.layers:
@@ -163,6 +180,7 @@ def policy_forward(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
     with_hidden: bool = False,
     start: int = 0,
     share_prefix: int = 32,
@@ -179,7 +197,8 @@ def policy_forward(
     returns the last hidden state of every position ``[B, T, H]`` (for a value head on the shared
     backbone); with a shared prefix, the prefix's positions come from its single pass, expanded.
     ``step_prefix`` supplies a prefix already run for the whole optimizer step (see
-    :class:`StepPrefix`); every row must start with its tokens.
+    :class:`StepPrefix`); every row must start with its tokens. ``entropy_grad=False`` computes the
+    entropy as a detached figure (a metric): no softmax over the vocabulary is kept for backward.
     """
     size, length = input_ids.shape
     first = min(max(start - 1, 0), length - 1)
@@ -203,7 +222,7 @@ def policy_forward(
             past = DynamicCache()
             head = model(
                 input_ids=input_ids[:1, :prefix],
-                past_key_values=past,
+                **with_cache(model, past),
                 use_cache=True,
                 logits_to_keep=1,
                 output_hidden_states=with_hidden,
@@ -214,7 +233,7 @@ def policy_forward(
     outputs = model(
         input_ids=input_ids[:, prefix:],
         attention_mask=attention_mask.long(),
-        past_key_values=past,
+        **with_cache(model, past),
         output_hidden_states=with_hidden,
         use_cache=past is not None,
         logits_to_keep=length - first,  # logits of positions first .. T-1 only
@@ -229,8 +248,9 @@ def policy_forward(
     logprobs[:, first + 1 :] = picked
     entropy = None
     if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        token_entropy = log_norm - (probs * logits).sum(-1)  # [B, T']
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(logits, dim=-1)
+            token_entropy = log_norm - (probs * logits).sum(-1)  # [B, T']
         entropy = torch.zeros_like(logprobs)
         entropy[:, first + 1 :] = token_entropy
     hidden = outputs.hidden_states[-1] if with_hidden else None  # [B, T - P, H]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from agent_r1.engine.batch import TrainBatch, micro_rows
+from agent_r1.engine.kv import output_cache, with_cache
 
 __all__ = ["ValueHead", "critic_values", "no_grad_values", "shared_prefix_values", "state_values"]
 
@@ -102,7 +103,7 @@ def shared_prefix_values(
                 output_hidden_states=True,
                 logits_to_keep=1,
             )
-            cache = outputs.past_key_values
+            cache = output_cache(outputs)
             at_prefix = float(value_head(outputs.hidden_states[-1][:, -1:, :])[0, 0])
             for i, suffix in enumerate(suffixes):
                 if not suffix:
@@ -124,7 +125,7 @@ def shared_prefix_values(
             if cache is not None:
                 repeated = copy.deepcopy(cache)  # the forward appends to it; the prefix's stays clean
                 repeated.batch_repeat_interleave(len(chunk))
-                extra["past_key_values"] = repeated
+                extra.update(with_cache(backbone, repeated))
             outputs = backbone(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),

@@ -17,7 +17,7 @@ unbiased variance taken over masked tokens only.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -318,21 +318,42 @@ def tis_weights(
         return torch.where(mask, ratio.clamp(max=cap), 0.0)
 
 
+def mismatch_kl_tensors(
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """:func:`mismatch_kl` as 0-dim tensors on the inputs' device: no host synchronisation (the
+    trainer reads every metric of an optimizer step at once, see :func:`host_floats`)."""
+    with torch.no_grad():
+        k1 = kl_penalty(rollout_logprobs, old_logprobs, "k1")
+        k3 = kl_penalty(rollout_logprobs, old_logprobs, "k3")
+        abs_diff = torch.where(mask, (old_logprobs - rollout_logprobs).abs(), 0.0)
+        return {
+            "mismatch/kl_k1": masked_mean(k1, mask),
+            "mismatch/kl_k3": masked_mean(k3, mask),
+            "mismatch/max_abs_log_ratio": abs_diff.max() if abs_diff.numel() else abs_diff.new_zeros(()),
+        }
+
+
 def mismatch_kl(
     old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, float]:
     """KL(π_rollout‖π_old) per policy token, estimated on the rollout's own samples with k1 and k3
     (see :func:`kl_penalty`), plus the largest absolute log-ratio. Log these every run: they should
     stay near 0 when the rollout engine and the trainer agree."""
-    with torch.no_grad():
-        k1 = kl_penalty(rollout_logprobs, old_logprobs, "k1")
-        k3 = kl_penalty(rollout_logprobs, old_logprobs, "k3")
-        abs_diff = torch.where(mask, (old_logprobs - rollout_logprobs).abs(), 0.0)
-        return {
-            "mismatch/kl_k1": float(masked_mean(k1, mask)),
-            "mismatch/kl_k3": float(masked_mean(k3, mask)),
-            "mismatch/max_abs_log_ratio": float(abs_diff.max()) if abs_diff.numel() else 0.0,
-        }
+    return host_floats(mismatch_kl_tensors(old_logprobs, rollout_logprobs, mask))
+
+
+def host_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
+    """Every value as a Python float, the tensors among them copied to the host in one transfer
+    (one synchronisation with the device instead of one per value)."""
+    tensors = [(name, value) for name, value in values.items() if isinstance(value, torch.Tensor)]
+    out = {name: float(value) for name, value in values.items() if not isinstance(value, torch.Tensor)}
+    if tensors:
+        device = tensors[0][1].device
+        dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        stacked = torch.stack([value.detach().reshape(()).to(device, dtype) for _, value in tensors])
+        out.update(zip((name for name, _ in tensors), stacked.tolist(), strict=True))
+    return {name: out[name] for name in values}
 
 
 __all__ = [
@@ -347,12 +368,14 @@ __all__ = [
     "Normalizer",
     "aggregate",
     "entropy_from_logits",
+    "host_floats",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
     "mismatch_kl",
+    "mismatch_kl_tensors",
     "tis_weights",
     "token_logprobs",
 ]

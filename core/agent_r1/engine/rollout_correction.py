@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from agent_r1.engine.loss_utils import LOG_RATIO_BOUND, masked_mean, tis_weights
+from agent_r1.engine.loss_utils import LOG_RATIO_BOUND, host_floats, masked_mean, tis_weights
 
-__all__ = ["correction_weights", "ratio_stats"]
+__all__ = ["correction_weights", "ratio_stats", "ratio_stats_tensors"]
 
 
 def correction_weights(
@@ -39,6 +39,36 @@ def correction_weights(
     )
 
 
+def ratio_stats_tensors(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: str = "token",
+    cap: float = 2.0,
+) -> dict[str, torch.Tensor]:
+    """:func:`ratio_stats` as 0-dim tensors on the inputs' device, computed without a host
+    synchronisation (no boolean indexing, no branch on the mask)."""
+    with torch.no_grad():
+        log_ratio = torch.where(mask, old_logprobs - rollout_logprobs, 0.0)  # [B, T]
+        if level == "sequence":
+            log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # [B, T]
+        log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        ratio = torch.exp(log_ratio)  # [B, T]
+        log_cap = math.log(cap)
+        clipped = (log_ratio > log_cap) & mask
+        outside = ((log_ratio > log_cap) | (log_ratio < -log_cap)) & mask
+        some = mask.any()
+        one = ratio.new_ones(())
+        return {  # without policy tokens: ratio 1, nothing clipped or masked
+            "mismatch/ratio_mean": torch.where(some, masked_mean(ratio, mask), one),
+            "mismatch/ratio_max": torch.where(some, torch.where(mask, ratio, -math.inf).max(), one),
+            "mismatch/ratio_min": torch.where(some, torch.where(mask, ratio, math.inf).min(), one),
+            "mismatch/clipped_frac": masked_mean(clipped.float(), mask),
+            "mismatch/masked_frac": masked_mean(outside.float(), mask),
+        }
+
+
 def ratio_stats(
     old_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
@@ -52,27 +82,4 @@ def ratio_stats(
     shares of policy tokens that truncation at ``cap`` clips (``mismatch/clipped_frac``: ratio above
     ``cap``) and that masking drops (``mismatch/masked_frac``: ratio outside ``[1/cap, cap]``). A
     sequence-level ratio counts for every policy token of its sequence."""
-    with torch.no_grad():
-        log_ratio = torch.where(mask, old_logprobs - rollout_logprobs, 0.0)  # [B, T]
-        if level == "sequence":
-            log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)  # [B, T]
-        log_ratio = log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-        ratio = torch.exp(log_ratio)  # [B, T]
-        if not bool(mask.any()):
-            return {
-                "mismatch/ratio_mean": 1.0,
-                "mismatch/ratio_max": 1.0,
-                "mismatch/ratio_min": 1.0,
-                "mismatch/clipped_frac": 0.0,
-                "mismatch/masked_frac": 0.0,
-            }
-        log_cap = math.log(cap)
-        clipped = (log_ratio > log_cap) & mask
-        outside = ((log_ratio > log_cap) | (log_ratio < -log_cap)) & mask
-        return {
-            "mismatch/ratio_mean": float(masked_mean(ratio, mask)),
-            "mismatch/ratio_max": float(ratio[mask].max()),
-            "mismatch/ratio_min": float(ratio[mask].min()),
-            "mismatch/clipped_frac": float(masked_mean(clipped.float(), mask)),
-            "mismatch/masked_frac": float(masked_mean(outside.float(), mask)),
-        }
+    return host_floats(ratio_stats_tensors(old_logprobs, rollout_logprobs, mask, level=level, cap=cap))

@@ -47,11 +47,12 @@ from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_ba
 from agent_r1.engine.loss_utils import (
     Normalizer,
     aggregate,
+    host_floats,
     kl_penalty,
     masked_mean,
-    mismatch_kl,
+    mismatch_kl_tensors,
 )
-from agent_r1.engine.rollout_correction import correction_weights, ratio_stats
+from agent_r1.engine.rollout_correction import correction_weights, ratio_stats_tensors
 from agent_r1.engine.session import Session
 from agent_r1.engine.stats import batch_metrics, mean_metric, tensor_stats
 from agent_r1.engine.turns import anchor_keys, turn_ids
@@ -211,7 +212,7 @@ def optimize(session: Session, batch: TrainBatch, targets: Targets, temperature:
     """``epochs`` x ``mini_batches`` optimizer steps over the batch; guards against non-finite
     losses and gradients."""
     config = session.config
-    sums: dict[str, float] = defaultdict(float)
+    sums: dict[str, torch.Tensor | float] = defaultdict(float)  # device tensors: read once, at the end
     counts: dict[str, int] = defaultdict(int)
     generator = torch.Generator().manual_seed(_update_seed(session))
     timings = {"time/forward_backward_s": 0.0, "time/optimizer_s": 0.0}
@@ -230,7 +231,7 @@ def optimize(session: Session, batch: TrainBatch, targets: Targets, temperature:
                 skipped += status == "skipped"
                 track_bad_updates(session, status)
     session.model.eval()
-    out = {name: sums[name] / max(counts[name], 1) for name in sums}
+    out = host_floats({name: sums[name] / max(counts[name], 1) for name in sums})
     out["actor/skipped_updates"] = float(skipped)
     return {**out, **timings}
 
@@ -241,12 +242,16 @@ def _mini_batch_step(
     targets: Targets,
     rows: list[int],
     temperature: float,
-    sums: dict[str, float],
+    sums: dict[str, torch.Tensor | float],
     counts: dict[str, int],
     timings: dict[str, float],
 ) -> str:
     """One optimizer step on ``rows``: ``"ok"``, ``"skipped"`` (non-finite) or ``"idle"`` (no row
-    had anything to learn; the step ran with zero gradients, exactly as without skipping)."""
+    had anything to learn; the step ran with zero gradients, exactly as without skipping).
+
+    The micro-batch loop never waits for the device: row widths and first policy positions are
+    read once before it, losses are checked for finiteness and diagnostics summed on the device,
+    and all of them come to the host after the last backward pass."""
     assert session.optimizer is not None
     size = session.config.trainer.micro_batch_size
     micro_rows = [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -254,28 +259,33 @@ def _mini_batch_step(
     if _can_skip_idle_rows(session):
         # Rows whose advantages are all zero add nothing to the gradient; they still count in the
         # normaliser above, so the update is exactly the same.
-        busy = [r for r in rows if bool((targets.advantages[r] != 0).any())]
+        active = (targets.advantages[rows] != 0).any(dim=1).tolist()  # one transfer for all rows
+        busy = [r for r, keep in zip(rows, active, strict=True) if keep]
         micro_rows = [busy[i : i + size] for i in range(0, len(busy), size)]
         sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
         counts["batch/idle_rows_skipped"] = 1
     session.optimizer.zero_grad(set_to_none=True)
-    shares: dict[str, float] = defaultdict(float)
-    finite = True
+    shares: dict[str, torch.Tensor | float] = defaultdict(float)
     started = time.perf_counter()
     prefix = _step_prefix(session, batch, micro_rows)
+    widths, firsts = _row_extents(batch)
+    nonfinite: torch.Tensor | None = None  # any micro-batch loss so far not finite (on the device)
+    step_sums: dict[str, torch.Tensor | float] = defaultdict(float)
+    step_counts: dict[str, int] = defaultdict(int)
     for k, chunk in enumerate(micro_rows):
-        micro = batch.select(chunk)
+        width = max(widths[r] for r in chunk)
+        micro = batch.select(chunk, width=width)
         loss, parts = micro_loss(
             session,
             micro,
-            targets.rows(chunk, micro.input_ids.shape[1]),
+            targets.rows(chunk, width),
             normalizer,
             temperature,
             step_prefix=prefix,
+            start=min((firsts[r] for r in chunk if firsts[r] >= 0), default=0),
         )
-        if not torch.isfinite(loss):
-            finite = False
-            break
+        bad = ~torch.isfinite(loss.detach())
+        nonfinite = bad if nonfinite is None else nonfinite | bad
         if k == len(micro_rows) - 1:
             session.accelerator.backward(loss * session.world)
         else:
@@ -285,8 +295,13 @@ def _mini_batch_step(
             if name in LOSS_SHARES:  # a micro-batch's share: sum them per optimizer step
                 shares[name] += value
             else:
-                sums[name] += value
-                counts[name] += 1
+                step_sums[name] += value
+                step_counts[name] += 1
+    finite = nonfinite is None or not bool(nonfinite)  # the step's one wait before the optimizer
+    if finite:  # a skipped step logs no diagnostics (they would hold its non-finite values)
+        for name, total in step_sums.items():
+            sums[name] += total
+            counts[name] += step_counts[name]
     if prefix is not None:
         if finite:
             prefix.backward()
@@ -305,8 +320,8 @@ def _mini_batch_step(
             sums["actor/grad_norm"] += float(norm)
             counts["actor/grad_norm"] += 1
     if finite:
-        for name, value in shares.items():
-            sums[name] += value
+        for name, share in shares.items():
+            sums[name] += share
             counts[name] += 1
         session.optimizer.step()
         assert session.scheduler is not None
@@ -325,9 +340,13 @@ def micro_loss(
     temperature: float,
     *,
     step_prefix: StepPrefix | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """One micro-batch's share of the mini-batch loss, and its diagnostics. ``step_prefix``: the
-    prompt prefix the whole optimizer step shares, already run (see :func:`_step_prefix`)."""
+    start: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One micro-batch's share of the mini-batch loss, and its diagnostics as detached 0-dim
+    tensors (read on the host once per optimizer step: no synchronisation with the device here).
+    ``step_prefix``: the prompt prefix the whole optimizer step shares, already run (see
+    :func:`_step_prefix`); ``start``: the micro-batch's first policy position, when the caller
+    knows it (else it is read from the loss mask)."""
     algo = session.config.algorithm
     mask = micro.loss_mask  # [B, T] policy tokens
     shared_backbone = _critic_on_policy_backbone(session)
@@ -337,8 +356,9 @@ def micro_loss(
         micro.attention_mask,
         temperature=temperature,
         with_entropy=True,
+        entropy_grad=algo.entropy_coef > 0,  # otherwise a metric: nothing kept for backward
         with_hidden=shared_backbone,
-        start=first_policy_position(mask),
+        start=first_policy_position(mask) if start is None else start,
         step_prefix=step_prefix,
     )
     logprobs = out.logprobs  # [B, T]
@@ -351,26 +371,29 @@ def micro_loss(
     if weights is not None:
         token_loss = token_loss * weights
     loss = aggregate(token_loss, mask, session.aggregation, normalizer=normalizer)
-    parts = {"actor/pg_loss": float(loss.detach())}
-    parts.update({f"actor/{k}": float(masked_mean(v.detach().float(), mask)) for k, v in diagnostics.items()})
+    parts = {"actor/pg_loss": loss.detach()}
+    parts.update({f"actor/{k}": masked_mean(v.detach().float(), mask) for k, v in diagnostics.items()})
     assert out.entropy is not None
-    parts["actor/entropy"] = float(masked_mean(out.entropy.detach(), mask))
+    parts["actor/entropy"] = masked_mean(out.entropy.detach(), mask)
     if algo.entropy_coef > 0:
         loss = loss - algo.entropy_coef * aggregate(
             out.entropy, mask, session.aggregation, normalizer=normalizer
         )
     if targets.ref_logprobs is not None:
         kl_tokens = kl_penalty(logprobs, targets.ref_logprobs, algo.kl.estimator)  # [B, T]
-        parts["actor/kl"] = float(masked_mean(kl_tokens.detach(), mask))
+        parts["actor/kl"] = masked_mean(kl_tokens.detach(), mask)
         if algo.kl.placement == "loss":
             assert session.kl_ctl is not None
             loss = loss + session.kl_ctl.value * aggregate(
                 kl_tokens, mask, session.aggregation, normalizer=normalizer
             )
     parts.update(
-        {f"rollout/{k}": v for k, v in mismatch_kl(logprobs.detach(), micro.rollout_logprobs, mask).items()}
+        {
+            f"rollout/{k}": v
+            for k, v in mismatch_kl_tensors(logprobs.detach(), micro.rollout_logprobs, mask).items()
+        }
     )
-    stats = ratio_stats(old, micro.rollout_logprobs, mask, level=correction.level, cap=correction.cap)
+    stats = ratio_stats_tensors(old, micro.rollout_logprobs, mask, level=correction.level, cap=correction.cap)
     parts.update({f"rollout/{k}": v for k, v in stats.items()})
     if session.needs_critic:
         if shared_backbone:
@@ -384,10 +407,10 @@ def micro_loss(
             clipped = targets.old_values + (values - targets.old_values).clamp(-clip, clip)
             value_loss_tokens = torch.maximum(value_loss_tokens, (clipped - targets.returns) ** 2)
         value_loss = 0.5 * aggregate(value_loss_tokens, mask, session.aggregation, normalizer=normalizer)
-        parts["critic/value_loss"] = float(value_loss.detach())
-        parts["critic/values_mean"] = float(masked_mean(values.detach(), mask))
+        parts["critic/value_loss"] = value_loss.detach()
+        parts["critic/values_mean"] = masked_mean(values.detach(), mask)
         loss = loss + algo.critic.coef * value_loss
-    parts["actor/loss"] = float(loss.detach())
+    parts["actor/loss"] = loss.detach()
     return loss, parts
 
 
@@ -427,6 +450,16 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     if length < STEP_PREFIX_MIN_TOKENS:
         return None
     return StepPrefix(session.model, ids[:1, :length])
+
+
+def _row_extents(batch: TrainBatch) -> tuple[list[int], list[int]]:
+    """Each row's length and first policy position (-1: none), read from the device at once."""
+    mask = batch.loss_mask
+    columns = torch.arange(mask.shape[1], device=mask.device)
+    first = torch.where(mask, columns, mask.shape[1]).amin(dim=1)  # [B]
+    first = torch.where(mask.any(dim=1), first, -1)
+    both = torch.stack([batch.attention_mask.sum(dim=1), first]).tolist()
+    return [int(w) for w in both[0]], [int(f) for f in both[1]]
 
 
 def _critic_on_policy_backbone(session: Session) -> bool:
