@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.batch import collate
+from agent_r1.engine.batch import collate, first_policy_position
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
 
 SOURCES = [TokenSource.PROMPT, TokenSource.POLICY, TokenSource.ENV, TokenSource.TEMPLATE]
@@ -63,4 +63,14 @@ def test_collate_matches_the_per_token_views(data: st.DataObject, mask_truncated
             batch.token_rewards[row, :n], torch.tensor(trajectory.token_rewards(), dtype=torch.float32)
         )
         assert not batch.token_rewards[row, n:].any() and not batch.rollout_logprobs[row, n:].any()
+        assert batch.lengths[row] == n
+        loss_positions = batch.loss_mask[row].nonzero().flatten().tolist()
+        assert batch.first_policy[row] == (loss_positions[0] if loss_positions else -1)
+    # the host-side fields answer what the device tensors would, and travel with select()
+    assert batch.first_policy_position() == first_policy_position(batch.loss_mask)
+    some = list(range(len(rows)))[::-2]
+    picked = batch.select(some)
+    assert picked.input_ids.shape[1] == max(len(rows[r]) for r in some)
+    assert picked.first_policy_position() == first_policy_position(batch.loss_mask[some])
+    assert batch.first_policy_position(some) == picked.first_policy_position()
     assert batch.scores.tolist() == [torch.tensor(t.score, dtype=torch.float32).item() for t in rows]

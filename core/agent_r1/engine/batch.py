@@ -26,13 +26,22 @@ class TrainBatch:
     truncated: torch.Tensor  # [B] bool
     group_ids: list[str]
     trajectories: list[Trajectory]
+    lengths: list[int]
+    """Each row's token count (host-side, so trimming never waits for the device)."""
+    first_policy: list[int]
+    """Each row's first loss position, -1 for a row without one (host-side, like ``lengths``)."""
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def select(self, index: Sequence[int] | torch.Tensor, *, width: int | None = None) -> TrainBatch:
-        """Rows ``index`` of every field, trimmed to their longest row (to ``width`` columns when
-        the caller knows that length: then nothing waits for the device)."""
+    def first_policy_position(self, rows: Sequence[int] | None = None) -> int:
+        """The earliest column holding a policy token in any row (of ``rows``; 0 if there is none):
+        the :func:`first_policy_position` of ``loss_mask``, read without the device."""
+        firsts = self.first_policy if rows is None else [self.first_policy[r] for r in rows]
+        return min((f for f in firsts if f >= 0), default=0)
+
+    def select(self, index: Sequence[int] | torch.Tensor) -> TrainBatch:
+        """Rows ``index`` of every field, trimmed to their longest row."""
         rows = torch.as_tensor(index, dtype=torch.long)
         picked = {}
         for f in fields(self):
@@ -42,12 +51,10 @@ class TrainBatch:
             else:
                 picked[f.name] = [value[int(i)] for i in rows]
         batch = replace(self, **picked)
-        return batch.trim(width)
+        return batch.trim()
 
-    def trim(self, width: int | None = None) -> TrainBatch:
-        if width is None:
-            width = int(self.attention_mask.sum(dim=1).max().item()) if len(self) else 0
-        length = max(width, 1)
+    def trim(self) -> TrainBatch:
+        length = max(max(self.lengths, default=0), 1)
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -76,36 +83,40 @@ def collate(
     loss_mask = np.zeros((size, length), dtype=np.bool_)
     rewards = np.zeros((size, length), dtype=np.float32)
     logprobs = np.zeros((size, length), dtype=np.float32)
+    lengths: list[int] = []
+    first_policy: list[int] = []
     for row, trajectory in enumerate(trajectories):
         masked = mask_truncated and trajectory.truncated
-        position = 0
+        position, first = 0, -1
         for segment in trajectory.segments:
             end = position + len(segment.token_ids)
             input_ids[row, position:end] = segment.token_ids
-            if segment.source is TokenSource.POLICY:
-                loss_mask[row, position:end] = not masked
-                if segment.logprobs is not None:
-                    logprobs[row, position:end] = segment.logprobs
+            if segment.source is TokenSource.POLICY and end > position and not masked:
+                loss_mask[row, position:end] = True
+                first = position if first < 0 else first
+            if segment.source is TokenSource.POLICY and segment.logprobs is not None:
+                logprobs[row, position:end] = segment.logprobs
             position = end
         attention[row, :position] = True
+        lengths.append(position)
+        first_policy.append(first)
         dense: dict[int, float] = {}
         for index, value in trajectory.reward_positions():  # summed as token_rewards() sums them
             dense[index] = dense.get(index, 0.0) + value
         for index, value in dense.items():
             rewards[row, index] = value
-    input_ids, attention, loss_mask, rewards, logprobs = (
-        torch.from_numpy(a) for a in (input_ids, attention, loss_mask, rewards, logprobs)
-    )
     return TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        loss_mask=loss_mask,
-        token_rewards=rewards,
-        rollout_logprobs=logprobs,
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention),
+        loss_mask=torch.from_numpy(loss_mask),
+        token_rewards=torch.from_numpy(rewards),
+        rollout_logprobs=torch.from_numpy(logprobs),
         scores=torch.tensor([t.score for t in trajectories], dtype=torch.float32),
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
         group_ids=[t.group_id for t in trajectories],
         trajectories=list(trajectories),
+        lengths=lengths,
+        first_policy=first_policy,
     )
 
 
@@ -280,9 +291,12 @@ def no_grad_logprobs(
     with torch.no_grad():
         for rows in micro_rows(len(batch), micro_batch_size):
             micro = batch.select(rows)
-            start = first_policy_position(micro.loss_mask)
             lp = policy_forward(
-                model, micro.input_ids, micro.attention_mask, temperature=temperature, start=start
+                model,
+                micro.input_ids,
+                micro.attention_mask,
+                temperature=temperature,
+                start=micro.first_policy_position(),
             )
             out[rows, : lp.logprobs.shape[1]] = lp.logprobs
     return out

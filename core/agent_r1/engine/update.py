@@ -36,7 +36,6 @@ from agent_r1.engine.batch import (
     StepPrefix,
     TrainBatch,
     collate,
-    first_policy_position,
     no_grad_logprobs,
     policy_forward,
     shared_prefix_length,
@@ -249,9 +248,9 @@ def _mini_batch_step(
     """One optimizer step on ``rows``: ``"ok"``, ``"skipped"`` (non-finite) or ``"idle"`` (no row
     had anything to learn; the step ran with zero gradients, exactly as without skipping).
 
-    The micro-batch loop never waits for the device: row widths and first policy positions are
-    read once before it, losses are checked for finiteness and diagnostics summed on the device,
-    and all of them come to the host after the last backward pass."""
+    The micro-batch loop never waits for the device: row widths and first policy positions come
+    from the host-side fields of the batch, losses are checked for finiteness and diagnostics
+    summed on the device, and all of them come to the host after the last backward pass."""
     assert session.optimizer is not None
     size = session.config.trainer.micro_batch_size
     micro_rows = [rows[i : i + size] for i in range(0, len(rows), size)]
@@ -265,24 +264,20 @@ def _mini_batch_step(
         sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
         counts["batch/idle_rows_skipped"] = 1
     session.optimizer.zero_grad(set_to_none=True)
-    shares: dict[str, torch.Tensor | float] = defaultdict(float)
     started = time.perf_counter()
     prefix = _step_prefix(session, batch, micro_rows)
-    widths, firsts = _row_extents(batch)
     nonfinite: torch.Tensor | None = None  # any micro-batch loss so far not finite (on the device)
-    step_sums: dict[str, torch.Tensor | float] = defaultdict(float)
+    step_sums: dict[str, torch.Tensor | float] = defaultdict(float)  # this step's diagnostics
     step_counts: dict[str, int] = defaultdict(int)
     for k, chunk in enumerate(micro_rows):
-        width = max(widths[r] for r in chunk)
-        micro = batch.select(chunk, width=width)
+        micro = batch.select(chunk)
         loss, parts = micro_loss(
             session,
             micro,
-            targets.rows(chunk, width),
+            targets.rows(chunk, micro.input_ids.shape[1]),
             normalizer,
             temperature,
             step_prefix=prefix,
-            start=min((firsts[r] for r in chunk if firsts[r] >= 0), default=0),
         )
         bad = ~torch.isfinite(loss.detach())
         nonfinite = bad if nonfinite is None else nonfinite | bad
@@ -292,16 +287,10 @@ def _mini_batch_step(
             with session.accelerator.no_sync(session.model):
                 session.accelerator.backward(loss * session.world)
         for name, value in parts.items():
-            if name in LOSS_SHARES:  # a micro-batch's share: sum them per optimizer step
-                shares[name] += value
-            else:
-                step_sums[name] += value
-                step_counts[name] += 1
+            step_sums[name] += value
+            # a loss share is summed over the step's micro-batches and counts as one value
+            step_counts[name] = 1 if name in LOSS_SHARES else step_counts[name] + 1
     finite = nonfinite is None or not bool(nonfinite)  # the step's one wait before the optimizer
-    if finite:  # a skipped step logs no diagnostics (they would hold its non-finite values)
-        for name, total in step_sums.items():
-            sums[name] += total
-            counts[name] += step_counts[name]
     if prefix is not None:
         if finite:
             prefix.backward()
@@ -317,12 +306,12 @@ def _mini_batch_step(
         norm = _grad_norm(session, params)
         finite = bool(torch.isfinite(torch.as_tensor(norm)))
         if finite:
-            sums["actor/grad_norm"] += float(norm)
-            counts["actor/grad_norm"] += 1
-    if finite:
-        for name, share in shares.items():
-            sums[name] += share
-            counts[name] += 1
+            step_sums["actor/grad_norm"] = float(norm)
+            step_counts["actor/grad_norm"] = 1
+    if finite:  # a skipped step logs no diagnostics (they would hold its non-finite values)
+        for name, total in step_sums.items():
+            sums[name] += total
+            counts[name] += step_counts[name]
         session.optimizer.step()
         assert session.scheduler is not None
         session.scheduler.step()
@@ -340,13 +329,11 @@ def micro_loss(
     temperature: float,
     *,
     step_prefix: StepPrefix | None = None,
-    start: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One micro-batch's share of the mini-batch loss, and its diagnostics as detached 0-dim
     tensors (read on the host once per optimizer step: no synchronisation with the device here).
     ``step_prefix``: the prompt prefix the whole optimizer step shares, already run (see
-    :func:`_step_prefix`); ``start``: the micro-batch's first policy position, when the caller
-    knows it (else it is read from the loss mask)."""
+    :func:`_step_prefix`)."""
     algo = session.config.algorithm
     mask = micro.loss_mask  # [B, T] policy tokens
     shared_backbone = _critic_on_policy_backbone(session)
@@ -358,7 +345,7 @@ def micro_loss(
         with_entropy=True,
         entropy_grad=algo.entropy_coef > 0,  # otherwise a metric: nothing kept for backward
         with_hidden=shared_backbone,
-        start=first_policy_position(mask) if start is None else start,
+        start=micro.first_policy_position(),
         step_prefix=step_prefix,
     )
     logprobs = out.logprobs  # [B, T]
@@ -446,20 +433,10 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
         return None
     rows = [r for chunk in micro_rows for r in chunk]
     ids, attention = batch.input_ids[rows], batch.attention_mask[rows]
-    length = min(shared_prefix_length(ids, attention), first_policy_position(batch.loss_mask[rows]) - 1)
+    length = min(shared_prefix_length(ids, attention), batch.first_policy_position(rows) - 1)
     if length < STEP_PREFIX_MIN_TOKENS:
         return None
     return StepPrefix(session.model, ids[:1, :length])
-
-
-def _row_extents(batch: TrainBatch) -> tuple[list[int], list[int]]:
-    """Each row's length and first policy position (-1: none), read from the device at once."""
-    mask = batch.loss_mask
-    columns = torch.arange(mask.shape[1], device=mask.device)
-    first = torch.where(mask, columns, mask.shape[1]).amin(dim=1)  # [B]
-    first = torch.where(mask.any(dim=1), first, -1)
-    both = torch.stack([batch.attention_mask.sum(dim=1), first]).tolist()
-    return [int(w) for w in both[0]], [int(f) for f in both[1]]
 
 
 def _critic_on_policy_backbone(session: Session) -> bool:
