@@ -100,8 +100,23 @@ def naive_reinforce_pp(rewards, mask, gamma, whiten):
     return advantages, returns
 
 
-def naive_group(scores, group_ids, i):
-    return [scores[j] for j in range(len(scores)) if group_ids[j] == group_ids[i]]
+FLAT_RTOL = 1e-6  # the documented "all equal" tolerance (agent_r1.engine.loss_utils.FLAT_GROUP_RTOL)
+
+
+def naive_group(scores, group_ids, i, acted=None):
+    """The scores of row i's group, counting only rows that acted (all rows when ``acted`` is None)."""
+    return [
+        scores[j] for j in range(len(scores)) if group_ids[j] == group_ids[i] and (acted is None or acted[j])
+    ]
+
+
+def naive_flat(xs):
+    return len(xs) < 2 or max(xs) - min(xs) <= FLAT_RTOL * max(1.0, *(abs(x) for x in xs))
+
+
+def naive_informative(scores, group_ids, i, acted):
+    group = naive_group(scores, group_ids, i, acted)
+    return acted[i] and len(group) > 1 and not naive_flat(group)
 
 
 def naive_std(xs):
@@ -111,38 +126,40 @@ def naive_std(xs):
     return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def naive_grpo(scores, group_ids, scale, eps):
+def naive_grpo(scores, group_ids, scale, eps, acted):
     out = []
     for i, score in enumerate(scores):
-        group = naive_group(scores, group_ids, i)
-        if len(group) == 1:
+        group = naive_group(scores, group_ids, i, acted)
+        if not naive_informative(scores, group_ids, i, acted):
             out.append(0.0)
             continue
         centred = score - sum(group) / len(group)
         if scale == "group":
             centred /= naive_std(group) + eps
         elif scale == "batch":
-            centred /= naive_std(scores) + eps
+            centred /= naive_std([s for s, a in zip(scores, acted, strict=True) if a]) + eps
         out.append(centred)
     return out
 
 
-def naive_rloo(scores, group_ids):
+def naive_rloo(scores, group_ids, acted):
     out = []
     for i, score in enumerate(scores):
-        group = naive_group(scores, group_ids, i)
-        if len(group) == 1:
+        group = naive_group(scores, group_ids, i, acted)
+        if not naive_informative(scores, group_ids, i, acted):
             out.append(0.0)
         else:
             out.append(score - (sum(group) - score) / (len(group) - 1))
     return out
 
 
-def naive_group_mean_centred(scores, group_ids):
-    return [
-        s - sum(naive_group(scores, group_ids, i)) / len(naive_group(scores, group_ids, i))
-        for i, s in enumerate(scores)
-    ]
+def naive_group_mean_centred(scores, group_ids, acted):
+    out = []
+    for i, score in enumerate(scores):
+        group = naive_group(scores, group_ids, i, acted)
+        informative = naive_informative(scores, group_ids, i, acted)
+        out.append(score - sum(group) / len(group) if informative else 0.0)
+    return out
 
 
 def broadcast(per_sequence, mask):
@@ -175,6 +192,11 @@ class Batch:
             turn_ids=torch.tensor(self.turn_ids, dtype=torch.long),
             anchor_keys=[[f"turn{k}" for k in range(max(row, default=-1) + 1)] for row in self.turn_ids],
         )
+
+    @property
+    def acted(self) -> list[bool]:
+        """Rows with at least one action token (the others stay out of group statistics)."""
+        return [any(row) for row in self.mask]
 
     @property
     def turn_ids(self) -> list[list[int]]:
@@ -299,7 +321,7 @@ def test_token_level_estimators_recredit_rewards_on_non_policy_tokens(batch: Bat
 def test_grpo_matches_naive(batch: Batch, scale: str) -> None:
     inputs = batch.tensors()
     advantages, returns = GRPOEstimator({"scale": scale}).compute(inputs)
-    expected = broadcast(naive_grpo(batch.scores, batch.group_ids, scale, 1e-6), batch.mask)
+    expected = broadcast(naive_grpo(batch.scores, batch.group_ids, scale, 1e-6, batch.acted), batch.mask)
     assert_matches(advantages, expected)
     assert_matches(returns, expected)
 
@@ -308,16 +330,21 @@ def test_grpo_matches_naive(batch: Batch, scale: str) -> None:
 @given(batch=batches())
 def test_rloo_matches_naive(batch: Batch) -> None:
     advantages, _ = RLOO().compute(batch.tensors())
-    assert_matches(advantages, broadcast(naive_rloo(batch.scores, batch.group_ids), batch.mask))
+    assert_matches(advantages, broadcast(naive_rloo(batch.scores, batch.group_ids, batch.acted), batch.mask))
 
 
 @SETTINGS
 @given(batch=batches(), whiten=st.booleans())
 def test_reinforce_pp_baseline_matches_naive(batch: Batch, whiten: bool) -> None:
     advantages, _ = ReinforcePPBaseline({"whiten": whiten}).compute(batch.tensors())
-    expected = broadcast(naive_group_mean_centred(batch.scores, batch.group_ids), batch.mask)
-    if whiten:
-        expected = naive_whiten(expected, batch.mask)
+    acted = batch.acted
+    expected = broadcast(naive_group_mean_centred(batch.scores, batch.group_ids, acted), batch.mask)
+    if whiten:  # rows of groups without signal keep 0: no shift by the batch mean
+        kept = [naive_informative(batch.scores, batch.group_ids, i, acted) for i in range(len(acted))]
+        expected = [
+            row if keep else [0.0] * len(row)
+            for row, keep in zip(naive_whiten(expected, batch.mask), kept, strict=True)
+        ]
     assert_matches(advantages, expected)
 
 

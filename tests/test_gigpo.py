@@ -65,8 +65,13 @@ def naive_std(xs: list[float]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def flat(group: list[float]) -> bool:
+    """Fewer than two values, or all equal within the documented tolerance (FLAT_GROUP_RTOL)."""
+    return len(group) < 2 or max(group) - min(group) <= 1e-6 * max(1.0, *(abs(v) for v in group))
+
+
 def centred(value: float, group: list[float], scale: bool) -> float:
-    if len(group) < 2:
+    if flat(group):
         return 0.0
     out = value - sum(group) / len(group)
     return out / (naive_std(group) + EPS) if scale else out
@@ -87,8 +92,10 @@ def naive_gigpo(batch: TurnBatch, gamma: float, weight: float, scale: bool) -> l
             groups.setdefault((batch.group_ids[i], batch.keys[i][turn]), []).append(value)
     per_turn = []
     for i, row in enumerate(returns):
-        episode_group = [
-            s for s, g in zip(batch.scores, batch.group_ids, strict=True) if g == batch.group_ids[i]
+        episode_group = [  # episodes without any action turn stay out of the statistics
+            s
+            for s, g, t_row in zip(batch.scores, batch.group_ids, batch.turns, strict=True)
+            if g == batch.group_ids[i] and max(t_row) >= 0
         ]
         episode = centred(batch.scores[i], episode_group, scale)
         step = {
@@ -120,7 +127,7 @@ def naive_turn_grpo(batch: TurnBatch, gamma: float, scale: str) -> list[list[flo
         for turn, value in row.items():
             cell = cells[(batch.group_ids[i], positions[i][turn])]
             a = centred(value, cell, scale == "group")
-            if scale == "batch" and len(cell) > 1:
+            if scale == "batch" and not flat(cell):
                 a /= naive_std(every) + EPS
             out[turn] = a
         per_turn.append(out)
@@ -134,7 +141,7 @@ def naive_turn_rloo(batch: TurnBatch, gamma: float) -> list[list[float]]:
         out = {}
         for turn, value in row.items():
             cell = cells[(batch.group_ids[i], positions[i][turn])]
-            out[turn] = value - (sum(cell) - value) / (len(cell) - 1) if len(cell) > 1 else 0.0
+            out[turn] = value - (sum(cell) - value) / (len(cell) - 1) if not flat(cell) else 0.0
         per_turn.append(out)
     return spread(per_turn, batch)
 
@@ -442,7 +449,26 @@ def test_anchor_keys_use_the_environments_state_key() -> None:
         trajectory.steps[0].observation = Observation(info={STATE_KEY: "kitchen"})
     keys = [anchor_keys(t) for t in (first, second)]
     assert keys[0][1] == keys[1][1] == "env:kitchen"
-    assert keys[0][0] == keys[1][0] and keys[0][0].startswith("tok:")
+    assert keys[0][0] == keys[1][0] and keys[0][0].startswith("tok:")  # no initial state named
+
+
+def test_a_return_to_the_named_initial_state_shares_turn_zeros_step_group() -> None:
+    """The environment names its initial state in ``reset`` (``EpisodeStart.info``, recorded as
+    ``Trajectory.start_info``): a trajectory whose first action leads back to that state has its
+    second turn in the same step group as every first turn; without the name it cannot."""
+    back = _two_turn(0, [5], [8], reward=1.0)
+    onward = _two_turn(1, [6], [9], reward=0.0, observation=(3, 3))
+    back.steps[0].observation = Observation(info={STATE_KEY: "lobby"})
+    onward.steps[0].observation = Observation(info={STATE_KEY: "hall"})
+    for named in (True, False):
+        for trajectory in (back, onward):
+            trajectory.start_info = {STATE_KEY: "lobby"} if named else {}
+        keys = [anchor_keys(t) for t in (back, onward)]
+        assert (keys[0][1] == keys[0][0] == keys[1][0] == "env:lobby") is named
+        estimator = GiGPO()
+        estimator.compute(_inputs([back, onward]))
+        # named: {lobby: 3 turns, hall: 1}; unnamed: {prompt: 2, lobby: 1, hall: 1}
+        assert estimator.step_metrics()["gigpo/step_groups"] == (2 if named else 3)
 
 
 def test_anchor_keys_skip_turns_without_actions() -> None:

@@ -28,6 +28,7 @@ from agent_r1.contracts import (
 )
 from agent_r1.engine.chat import TRUNCATION_MARKER, ChatRenderer
 from agent_r1.engine.rollout import TRAJECTORY_METRICS, RolloutEngine
+from agent_r1.engine.turns import anchor_keys
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Action, Observation, RewardSignal, Task, TokenSource, Trajectory
 from agent_r1.registry import Registry, get_registry, reset_registry
@@ -116,13 +117,15 @@ class EchoEnv(Environment):
         repeat: int = 1
         reward: float = 0.0
         stop: list[str] = []
+        start_key: str | None = None
 
     @property
     def stop_sequences(self) -> list[str]:
         return list(self.config.stop)
 
     async def reset(self, task: Task) -> EpisodeStart:
-        return EpisodeStart(messages=list(task.messages))
+        info = {"state_key": self.config.start_key} if self.config.start_key else {}
+        return EpisodeStart(messages=list(task.messages), info=info)
 
     async def step(self, action: Action, turn: int) -> Observation:
         rewards = []
@@ -358,6 +361,21 @@ def test_ids_groups_versions_rewards_and_metrics(tokenizer: Any, model: Any) -> 
     assert engine.last_metrics["rollout/backend_calls"] == max(len(t.steps) for t in trajectories)
     random_salt = engine.collect(tasks(1), 1, seed=1)[0].group_id
     assert random_salt.startswith("t0@") and random_salt != "t0@step3"
+
+
+def test_the_environment_names_the_initial_state(tokenizer: Any, model: Any) -> None:
+    """``EpisodeStart.info`` is recorded on the trajectory, and its ``state_key`` keys turn 0 for
+    GiGPO's step groups (otherwise the prompt's token digest does)."""
+    backend = HFBackend({}, model=model, tokenizer=tokenizer)
+    named = RolloutEngine(
+        backend, tokenizer, lambda: EchoEnv(EchoEnv.Config(start_key="lobby")), max_new_tokens=4
+    )
+    [trajectory] = named.collect(tasks(1), 1, seed=0)
+    assert trajectory.start_info == {"state_key": "lobby"}
+    assert anchor_keys(trajectory)[0] == "env:lobby"
+    plain = RolloutEngine(backend, tokenizer, lambda: EchoEnv(), max_new_tokens=4)
+    [trajectory] = plain.collect(tasks(1), 1, seed=0)
+    assert trajectory.start_info == {} and anchor_keys(trajectory)[0].startswith("tok:")
 
 
 def test_a_prompt_longer_than_the_context_ends_before_acting(tokenizer: Any, model: Any) -> None:

@@ -13,8 +13,9 @@ from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_
 
 from agent_r1.config import RunConfig, validate_components
 from agent_r1.engine import train_step
+from agent_r1.engine.collect import flat_groups
 from agent_r1.engine.update import update
-from agent_r1.mdp import Trajectory
+from agent_r1.mdp import RewardSignal, Trajectory
 from agent_r1.registry import reset_registry
 
 
@@ -291,9 +292,15 @@ def test_lora_trains_only_the_adapters(registry: Any, model_dir: Path, tmp_path:
     assert metrics["response/length_mean"] > 0
 
 
-def test_skipping_idle_rows_gives_the_same_update(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pieces", [[1.0], [4.95, 0.7, 1 / 3], [4.95, 0.7, 0.3]])
+def test_skipping_idle_rows_gives_the_same_update(
+    registry: Any, model_dir: Path, tmp_path: Path, pieces: list[float]
+) -> None:
     """Rows with all-zero advantages (a group whose scores are all equal) are skipped without
-    changing the gradient, and a step with no busy row still moves the optimizer as usual."""
+    changing the gradient, and a step with no busy row still moves the optimizer as usual. The
+    group's equal scores are sums of fractional outcome and process rewards on different turns,
+    summed in float32: the estimator must still see them as equal (exact zeros), as the
+    zero-variance metric does."""
     grads = {}
     for skip in (True, False):
         config = toy_config(
@@ -309,8 +316,13 @@ def test_skipping_idle_rows_gives_the_same_update(registry: Any, model_dir: Path
         )
         session = _session(config, registry)
         trajectories = fixed_trajectories(session.tokenizer)
-        for t in trajectories[:4]:  # first group: equal scores, so zero advantages under grpo
-            t.rewards = [r.model_copy(update={"value": 1.0}) for r in t.rewards if r.kind == "outcome"]
+        for i, t in enumerate(trajectories[:4]):  # first group: equal scores, zero advantages under grpo
+            order = pieces[i % len(pieces) :] + pieces[: i % len(pieces)]  # same total, other tokens
+            t.rewards = [RewardSignal(name="answer_match", value=order[0])] + [
+                RewardSignal(name=f"part{k}", value=v, kind="process", turn=k % 2)
+                for k, v in enumerate(order[1:])
+            ]
+        assert flat_groups(trajectories) == {"g0"}
         metrics = update(session, trajectories)
         grads[skip] = torch.cat(
             [p.grad.flatten() for p in session.unwrapped.parameters() if p.grad is not None]

@@ -183,6 +183,11 @@ class EpisodeStart:
 
     messages: list[Message]
     tools: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    """Facts about the initial state, recorded on :attr:`Trajectory.start_info
+    <agent_r1.mdp.Trajectory.start_info>`. ``info["state_key"]`` (a string) names the initial
+    state the way ``Observation.info["state_key"]`` names later ones, so that GiGPO groups turn 0
+    with later turns that return to the same state. Since: 0.2.0"""
 
 
 class Environment(Component):

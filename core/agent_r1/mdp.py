@@ -35,8 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from agent_r1.errors import TrajectoryError
 
-SCHEMA_VERSION = 1
-"""Version of the trajectory JSONL schema. Loaders refuse newer versions with a clear error."""
+SCHEMA_VERSION = 2
+"""Version of the trajectory JSONL schema. Loaders refuse newer versions with a clear error.
+Version 2 added :attr:`Trajectory.start_info`; files of version 1 load unchanged."""
 
 Message = dict[str, Any]
 """A chat message as accepted by Hugging Face chat templates (``{"role": ..., "content": ...}``)."""
@@ -232,6 +233,10 @@ class Trajectory(_Model):
     steps: list[Step] = Field(default_factory=list)
     rewards: list[RewardSignal] = Field(default_factory=list)
     policy_version: int = 0
+    start_info: dict[str, Any] = Field(default_factory=dict)
+    """What the environment said about the initial state when the episode started
+    (``EpisodeStart.info``), e.g. ``state_key``: the name of the initial state, GiGPO's anchor
+    for turn 0 (see :mod:`agent_r1.engine.turns`). Since: 0.2.0"""
     termination: str | None = None
     truncated: bool = False
     """True when a budget (tokens per turn or total context) cut the episode short."""

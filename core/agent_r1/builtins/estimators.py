@@ -17,6 +17,12 @@ Score-level estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``, ``remax``
 trajectory score ``s_i`` (all weighted rewards, process ones included) and broadcast one advantage to
 the trajectory's policy tokens.
 
+Group statistics are computed in float64 whatever the batch's dtype, and the results are cast back
+to it. A group whose scores are all equal (:data:`~agent_r1.engine.loss_utils.FLAT_GROUP_RTOL`) gets
+exactly 0, as does a group of one. An episode without any action turn (the environment or a budget
+ended it before the policy acted) has no tokens to train and is left out of its group's
+statistics, so it cannot move the others' advantages.
+
 Turn-level options (``turn_level: true`` on ``grpo``, ``rloo`` and ``reinforce_pp``) replace the one
 scalar per trajectory by a return per action turn: with ``r_{i,j}`` the rewards on the tokens of the
 j-th action turn of trajectory i (its process rewards; the outcome lands on the last turn),
@@ -36,7 +42,7 @@ import torch
 from pydantic import Field, model_validator
 
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, ComponentConfig
-from agent_r1.engine.loss_utils import masked_whiten
+from agent_r1.engine.loss_utils import FLAT_GROUP_RTOL, GroupStats, index_stats, masked_whiten
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -74,24 +80,42 @@ def group_index(group_ids: Sequence[str], device: torch.device | None = None) ->
     return torch.tensor(index, dtype=torch.long, device=device), len(dense)
 
 
-def group_stats(scores: torch.Tensor, group_ids: Sequence[str]) -> tuple[torch.Tensor, ...]:
-    """Per-trajectory statistics of its group, all ``[B]``: ``(count, sum, mean, unbiased std)``.
-    A group of one has std 0. Computed with ``index_add_``, without a loop over trajectories."""
+def group_stats(
+    scores: torch.Tensor, group_ids: Sequence[str], members: torch.Tensor | None = None
+) -> GroupStats:
+    """Per-trajectory statistics of its group, all ``[B]`` float64 (see
+    :func:`~agent_r1.engine.loss_utils.index_stats`); ``members`` ``[B]`` bool leaves trajectories
+    out of the statistics."""
     index, num_groups = group_index(group_ids, scores.device)
-    return index_stats(scores, index, num_groups)
+    return index_stats(scores, index, num_groups, members)
 
 
-def index_stats(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, ...]:
-    """For ``values`` ``[N]`` in groups ``index`` ``[N]`` (dense, ``0 .. num_groups - 1``), each
-    entry's group statistics, all ``[N]``: ``(count, sum, mean, unbiased std)``; a group of one
-    has std 0."""
-    zeros = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
-    count = zeros.clone().index_add_(0, index, torch.ones_like(values))
-    total = zeros.clone().index_add_(0, index, values)
-    mean = total / count.clamp(min=1)  # [G]
-    squares = zeros.clone().index_add_(0, index, (values - mean[index]) ** 2)
-    std = torch.sqrt(squares / (count - 1).clamp(min=1))  # [G]; 0 for a group of one
-    return count[index], total[index], mean[index], std[index]
+def acted_rows(batch: AdvantageInput) -> torch.Tensor:
+    """``[B]`` bool: the trajectories with at least one action token (``turn_ids`` ≥ 0, or, when
+    the caller gives no turn ids, a policy token in ``loss_mask``). The others are left out of
+    group statistics."""
+    if batch.turn_ids is not None and batch.turn_ids.shape == batch.loss_mask.shape:
+        return (batch.turn_ids >= 0).any(dim=1)
+    return batch.loss_mask.any(dim=1)
+
+
+def informative(stats: GroupStats, members: torch.Tensor | None = None) -> torch.Tensor:
+    """``[N]`` bool: entries whose group has something to compare: at least two members and scores
+    that are not all equal (and the entry is a member itself)."""
+    keep = (stats.count > 1) & ~stats.flat
+    return keep if members is None else keep & members
+
+
+def _batch_std(values: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+    """Unbiased std of ``values`` (float64) over ``members``; 0 with fewer than two."""
+    chosen = values if members is None else values[members]
+    return chosen.std(unbiased=True) if chosen.numel() > 1 else values.new_zeros(())
+
+
+def _nearly_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise "all equal" of the pair ``(a, b)`` in the sense of ``FLAT_GROUP_RTOL``."""
+    scale = torch.maximum(a.abs(), b.abs()).clamp(min=1.0)
+    return (a - b).abs() <= FLAT_GROUP_RTOL * scale
 
 
 def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -241,20 +265,21 @@ def _turn_level_advantages(
     table = turn_table(batch, estimator)
     returns = turn_returns(table, gamma)  # [B, K]
     rows, turns, cell, num_cells = position_cells(table, batch.group_ids)
-    values = returns[rows, turns]  # [N]
-    count, total, mean, std = index_stats(values, cell, num_cells)
+    values = returns[rows, turns].double()  # [N]
+    stats = index_stats(values, cell, num_cells)
+    keep = informative(stats)
     if baseline == "rloo":
-        centred = torch.where(count > 1, values - (total - values) / (count - 1).clamp(min=1), 0.0)
+        centred = torch.where(keep, values - (stats.total - values) / (stats.count - 1).clamp(min=1), 0.0)
     else:
-        centred = torch.where(count > 1, values - mean, 0.0)
+        centred = torch.where(keep, values - stats.mean, 0.0)
         if scale == "group":
-            centred = centred / (std + eps)
+            centred = centred / (stats.std + eps)
         elif scale == "batch":
-            batch_std = values.std(unbiased=True) if values.numel() > 1 else values.new_zeros(())
-            centred = centred / (batch_std + eps)
+            centred = centred / (_batch_std(values) + eps)
     per_turn = torch.zeros_like(returns)
-    per_turn[rows, turns] = centred
-    metrics = {"turn_level/lone_turn_share": float((count == 1).double().mean()) if count.numel() else 0.0}
+    per_turn[rows, turns] = centred.to(returns.dtype)
+    lone = float((stats.count == 1).double().mean()) if stats.count.numel() else 0.0
+    metrics = {"turn_level/lone_turn_share": lone}
     return broadcast_turns(per_turn, table.turn_ids, batch.loss_mask), metrics
 
 
@@ -390,15 +415,15 @@ class GRPOEstimator(AdvantageEstimator):
                 batch, self.name, cfg.gamma, "grpo", cfg.scale, cfg.eps
             )
             return advantages, advantages.clone()
-        scores = batch.scores  # [B]
-        count, _, mean, std = group_stats(scores, batch.group_ids)  # [B] each
-        centred = torch.where(count > 1, scores - mean, torch.zeros_like(scores))  # [B]
+        scores = batch.scores.double()  # [B]
+        acted = acted_rows(batch)  # [B]
+        stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+        centred = torch.where(informative(stats, acted), scores - stats.mean, 0.0)  # [B]
         if self.config.scale == "group":
-            centred = centred / (std + self.config.eps)
+            centred = centred / (stats.std + self.config.eps)
         elif self.config.scale == "batch":
-            batch_std = scores.std(unbiased=True) if scores.numel() > 1 else scores.new_zeros(())
-            centred = centred / (batch_std + self.config.eps)
-        advantages = _broadcast(centred, batch.loss_mask)
+            centred = centred / (_batch_std(scores, acted) + self.config.eps)
+        advantages = _broadcast(centred.to(batch.scores.dtype), batch.loss_mask)
         return advantages, advantages.clone()
 
 
@@ -440,17 +465,23 @@ class RLOO(AdvantageEstimator):
                 batch, self.name, self.config.gamma, "rloo", "none", 1.0
             )
             return advantages, advantages.clone()
-        scores = batch.scores  # [B]
-        count, total, _, _ = group_stats(scores, batch.group_ids)  # [B] each
-        others_mean = (total - scores) / (count - 1).clamp(min=1)
-        per_sequence = torch.where(count > 1, scores - others_mean, torch.zeros_like(scores))  # [B]
-        advantages = _broadcast(per_sequence, batch.loss_mask)
+        scores = batch.scores.double()  # [B]
+        acted = acted_rows(batch)  # [B]
+        stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+        others_mean = (stats.total - scores) / (stats.count - 1).clamp(min=1)
+        per_sequence = torch.where(informative(stats, acted), scores - others_mean, 0.0)  # [B]
+        advantages = _broadcast(per_sequence.to(batch.scores.dtype), batch.loss_mask)
         return advantages, advantages.clone()
 
 
 class ReinforcePPBaseline(AdvantageEstimator):
     """REINFORCE++ with a group baseline (Hu 2025): ``s_i − mean_g`` broadcast to the policy tokens,
-    then whitened over the batch's policy tokens. ``returns`` equal the advantages."""
+    then whitened over the batch's policy tokens. ``returns`` equal the advantages.
+
+    Trajectories of a group with nothing to compare (all scores equal, or a single member) keep
+    exactly 0 after whitening: their zeros count in the batch's mean and variance, but the mean
+    shift is not applied to them (a shift would hand a group without any signal an advantage of
+    the batch's sign)."""
 
     name = "reinforce_pp_baseline"
 
@@ -461,11 +492,15 @@ class ReinforcePPBaseline(AdvantageEstimator):
 
     def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
         _check_input(batch)
-        scores = batch.scores  # [B]
-        _, _, mean, _ = group_stats(scores, batch.group_ids)
-        advantages = _broadcast(scores - mean, batch.loss_mask)  # [B, T]
+        scores = batch.scores.double()  # [B]
+        acted = acted_rows(batch)  # [B]
+        stats = group_stats(scores, batch.group_ids, acted)
+        keep = informative(stats, acted)  # [B]
+        advantages = _broadcast(torch.where(keep, scores - stats.mean, 0.0), batch.loss_mask)  # [B, T]
         if self.config.whiten:
             advantages = masked_whiten(advantages, batch.loss_mask)
+            advantages = torch.where(keep.unsqueeze(-1), advantages, 0.0)
+        advantages = advantages.to(batch.scores.dtype)
         return advantages, advantages.clone()
 
 
@@ -473,7 +508,8 @@ class ReMax(AdvantageEstimator):
     """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
     Method for Aligning Large Language Models"): ``A_i = s_i − b_i`` with ``b_i`` the score of a
     greedy rollout of the same task (``AdvantageInput.baseline_scores``), broadcast to the policy
-    tokens. ``returns`` equal the advantages."""
+    tokens; a score equal to its baseline (in the sense of ``FLAT_GROUP_RTOL``) gives exactly 0.
+    ``returns`` equal the advantages."""
 
     name = "remax"
     needs_baseline_rollout: ClassVar[bool] = True
@@ -495,7 +531,9 @@ class ReMax(AdvantageEstimator):
                 f"baseline_scores shape {tuple(batch.baseline_scores.shape)} does not match "
                 f"scores shape {tuple(batch.scores.shape)}"
             )
-        advantages = _broadcast(batch.scores - batch.baseline_scores, batch.loss_mask)
+        scores, baseline = batch.scores.double(), batch.baseline_scores.double()  # [B] each
+        per_sequence = torch.where(_nearly_equal(scores, baseline), 0.0, scores - baseline)
+        advantages = _broadcast(per_sequence.to(batch.scores.dtype), batch.loss_mask)
         return advantages, advantages.clone()
 
 
@@ -517,10 +555,12 @@ __all__ = [
     "ReinforcePP",
     "ReinforcePPBaseline",
     "TurnTable",
+    "acted_rows",
     "broadcast_turns",
     "group_index",
     "group_stats",
     "index_stats",
+    "informative",
     "policy_token_scan",
     "position_cells",
     "rewards_on_policy_tokens",

@@ -16,6 +16,10 @@ of one task (a group g):
   ``A^S_{i,j} = (R_{i,j} − mean_S(R)) / F_S``; a step group of one gets 0;
 * **combined** (Eq. 8): every policy token of turn j gets ``A^E_i + ω·A^S_{i,j}``.
 
+Both levels compute their statistics in float64 and give exactly 0 to a group whose values are all
+equal (:data:`~agent_r1.engine.loss_utils.FLAT_GROUP_RTOL`); an episode without any action turn is
+left out of its episode group.
+
 Differences from verl-agent, where each turn is its own batch row: there the episode mean and std
 are taken over rows, so a trajectory counts once per turn, and a group of one gets its raw score as
 its advantage; here they are taken over trajectories (the paper's definition) and a group of one
@@ -32,9 +36,11 @@ from pydantic import Field
 
 from agent_r1.builtins.estimators import (
     _check_input,
+    acted_rows,
     broadcast_turns,
     group_stats,
     index_stats,
+    informative,
     turn_returns,
     turn_table,
 )
@@ -114,27 +120,30 @@ class GiGPO(AdvantageEstimator):
             )
         mask = batch.loss_mask  # [B, T]
 
-        scores = batch.scores  # [B]
-        count, _, mean, std = group_stats(scores, batch.group_ids)  # [B] each
-        episode = torch.where(count > 1, scores - mean, 0.0)  # [B]
+        scores = batch.scores.double()  # [B]
+        acted = acted_rows(batch)  # [B]
+        episode_stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+        episode = torch.where(informative(episode_stats, acted), scores - episode_stats.mean, 0.0)  # [B]
         if cfg.scale == "group":
-            episode = episode / (std + cfg.eps)
+            episode = episode / (episode_stats.std + cfg.eps)
 
         returns = turn_returns(table, cfg.gamma)  # [B, K]
         rows, turns = table.present.nonzero(as_tuple=True)  # [N] each: the action turns
         group, num_groups = step_groups(rows, turns, batch.group_ids, batch.anchor_keys)
-        values = returns[rows, turns]  # [N]
-        size, _, step_mean, step_std = index_stats(values, group, num_groups)  # [N] each
-        step = torch.where(size > 1, values - step_mean, 0.0)  # [N]
+        values = returns[rows, turns].double()  # [N]
+        step_stats = index_stats(values, group, num_groups)  # [N] each
+        step = torch.where(informative(step_stats), values - step_stats.mean, 0.0)  # [N]
         if cfg.scale == "group":
-            step = step / (step_std + cfg.eps)
+            step = step / (step_stats.std + cfg.eps)
 
         step_table = torch.zeros_like(returns)  # [B, K]
-        step_table[rows, turns] = cfg.step_weight * step
+        step_table[rows, turns] = (cfg.step_weight * step).to(returns.dtype)
         step_tokens = broadcast_turns(step_table, table.turn_ids, mask)  # [B, T]
-        episode_tokens = torch.where(mask & (table.turn_ids >= 0), episode.unsqueeze(-1), 0.0)  # [B, T]
+        episode_tokens = torch.where(
+            mask & (table.turn_ids >= 0), episode.to(returns.dtype).unsqueeze(-1), 0.0
+        )  # [B, T]
         advantages = episode_tokens + step_tokens
-        self._metrics = _metrics(size, num_groups, episode_tokens, step_tokens, mask)
+        self._metrics = _metrics(step_stats.count, num_groups, episode_tokens, step_tokens, mask)
         return advantages, advantages.clone()
 
 

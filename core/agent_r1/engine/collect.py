@@ -18,12 +18,13 @@ No hooks, trackers or files here: the runner owns those.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import TypeVar
 
 import torch
 
+from agent_r1.engine.loss_utils import scores_all_equal
 from agent_r1.engine.session import Session
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import RewardSignal, Task, Trajectory
@@ -223,11 +224,17 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
 
 
 def flat_groups(trajectories: Sequence[Trajectory]) -> set[str]:
-    """Groups of more than one trajectory whose scores are all equal (zero advantage under GRPO)."""
+    """Groups of more than one trajectory whose advantages are zero under the group estimators:
+    the scores of the episodes that acted are all equal
+    (:func:`~agent_r1.engine.loss_utils.scores_all_equal`, the estimators' definition), and an
+    episode without any action turn does not count (the estimators leave it out too)."""
+    sizes: Counter[str] = Counter()
     scores: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
-        scores[t.group_id].append(t.score)
-    return {g for g, s in scores.items() if len(s) > 1 and max(s) - min(s) < 1e-9}
+        sizes[t.group_id] += 1
+        if t.num_policy_tokens:
+            scores[t.group_id].append(t.score)
+    return {g for g, size in sizes.items() if size > 1 and scores_all_equal(scores[g])}
 
 
 def _my_tasks(session: Session) -> list[Task]:

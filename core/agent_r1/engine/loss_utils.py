@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
@@ -90,6 +90,77 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask, whitened, 0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Group statistics (advantage estimators, dynamic sampling, the zero-variance metric)
+# --------------------------------------------------------------------------------------------
+
+FLAT_GROUP_RTOL = 1e-6
+"""A group's scores are *all equal* when ``max − min ≤ FLAT_GROUP_RTOL · max(1, largest |score|)``.
+
+Rewards reach the estimators in float32 and are sums of several signals, so scores that are equal
+in exact arithmetic can differ in their last bits (summation order, placement on tokens); float32
+carries about 7 significant digits, and the sum of a few dozen signals stays well within 1e-6 of
+the largest magnitude. Dividing such a difference by a group std of the same size would turn
+rounding into advantages of either sign, so an all-equal group gets exactly zero instead. The
+estimators, DAPO's dynamic filter, the ``batch/zero_variance_groups`` metric and the skipping of
+rows with zero advantage all use this one definition."""
+
+
+def scores_all_equal(scores: Sequence[float]) -> bool:
+    """True when ``scores`` are all equal in the sense of :data:`FLAT_GROUP_RTOL` (an empty list
+    or a single score is all equal)."""
+    if len(scores) < 2:
+        return True
+    low, high = min(scores), max(scores)
+    return high - low <= FLAT_GROUP_RTOL * max(1.0, abs(low), abs(high))
+
+
+class GroupStats(NamedTuple):
+    """Each entry's group statistics, all ``[N]`` float64 (``flat``: bool)."""
+
+    count: torch.Tensor
+    """Members of the entry's group."""
+    total: torch.Tensor
+    """Sum of the members' values."""
+    mean: torch.Tensor
+    std: torch.Tensor
+    """Unbiased standard deviation; 0 for a group of one and for an all-equal group."""
+    flat: torch.Tensor
+    """The group's values are all equal (:data:`FLAT_GROUP_RTOL`): its advantages are exactly 0."""
+
+
+def index_stats(
+    values: torch.Tensor, index: torch.Tensor, num_groups: int, members: torch.Tensor | None = None
+) -> GroupStats:
+    """Group statistics of ``values`` ``[N]`` in groups ``index`` ``[N]`` (dense,
+    ``0 .. num_groups - 1``), computed in float64 whatever the input dtype, with
+    ``index_add_`` / ``scatter_reduce_`` rather than a loop over entries.
+
+    ``members`` ``[N]`` bool leaves entries out of their group's statistics (an episode without
+    any action turn): they still get their group's figures, but do not count in them."""
+    values = values.detach().double()
+    if members is None:
+        members = torch.ones_like(values, dtype=torch.bool)
+    counted = torch.where(members, values, 0.0)
+    zeros = values.new_zeros(num_groups)
+    count = zeros.clone().index_add_(0, index, members.double())  # [G]
+    total = zeros.clone().index_add_(0, index, counted)  # [G]
+    mean = total / count.clamp(min=1)  # [G]
+    squares = zeros.clone().index_add_(0, index, torch.where(members, values - mean[index], 0.0) ** 2)
+    std = torch.sqrt(squares / (count - 1).clamp(min=1))  # [G]; 0 for a group of one
+    inf = torch.full_like(values, math.inf)
+    low = zeros.clone().scatter_reduce_(
+        0, index, torch.where(members, values, inf), "amin", include_self=False
+    )
+    high = zeros.clone().scatter_reduce_(
+        0, index, torch.where(members, values, -inf), "amax", include_self=False
+    )
+    scale = torch.maximum(low.abs(), high.abs()).clamp(min=1.0)  # [G]
+    flat = ~(high - low > FLAT_GROUP_RTOL * scale)  # [G]; a group without members is flat (NaN-safe)
+    std = torch.where(flat, 0.0, std)
+    return GroupStats(count[index], total[index], mean[index], std[index], flat[index])
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,17 +429,20 @@ def host_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
 
 __all__ = [
     "AGGREGATION_MODES",
+    "FLAT_GROUP_RTOL",
     "K3_MAX",
     "LOG_RATIO_BOUND",
     "WHITEN_EPS",
     "AdaptiveKLController",
     "AggregationMode",
     "FixedKLController",
+    "GroupStats",
     "KLKind",
     "Normalizer",
     "aggregate",
     "entropy_from_logits",
     "host_floats",
+    "index_stats",
     "kl_penalty",
     "masked_mean",
     "masked_sum",
@@ -376,6 +450,7 @@ __all__ = [
     "masked_whiten",
     "mismatch_kl",
     "mismatch_kl_tensors",
+    "scores_all_equal",
     "tis_weights",
     "token_logprobs",
 ]

@@ -284,6 +284,7 @@ class RolloutEngine:
         prompts: dict[str, list[int]] = {}
         for episode, start in zip(episodes, starts, strict=True):
             episode.start = start
+            episode.trajectory.start_info = dict(getattr(start, "info", None) or {})
             episode.messages = [dict(message) for message in start.messages]
             key = json.dumps([start.messages, start.tools], sort_keys=True, default=str)
             if key not in prompts:

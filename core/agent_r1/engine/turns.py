@@ -14,15 +14,19 @@ Two things an estimator cannot recover from padded token tensors alone:
 The key of turn ``k`` is, in this order of preference:
 
 1. ``"env:" + observation.info["state_key"]`` when the environment's observation that answered the
-   previous action (turn ``k - 1``) carries a string ``state_key``: the environment knows its own
-   state (a room, a board, the set of documents retrieved so far) and two different histories may
-   reach the same one;
+   previous action (turn ``k - 1``) carries a string ``state_key``, and for turn 0
+   ``"env:" + EpisodeStart.info["state_key"]`` (recorded as ``Trajectory.start_info``): the
+   environment knows its own state (a room, a board, the set of documents retrieved so far) and two
+   different histories may reach the same one;
 2. otherwise ``"tok:"`` + a 128-bit BLAKE2b digest of the token ids of everything before the turn's
    first action token: the prompt, every earlier action, observation and template token. That is
    the exact state of Agent-R1's MDP (the whole interaction history, token for token), so two
    trajectories share it exactly when the agent saw the same thing.
 
-Turn 0 always uses the token digest (the prompt). Hashing is incremental (one pass over the tokens
+An environment that names its states should name the initial one too (in ``reset``): keys of the
+two kinds never match each other, so without it a return to the initial state never shares a step
+group with turn 0 (verl-agent groups by the observation, which gives the same result). Hashing is
+incremental (one pass over the tokens
 of the trajectory), so the keys cost about as much as reading the token ids once.
 """
 
@@ -64,6 +68,9 @@ def anchor_keys(trajectory: Trajectory) -> list[str]:
     """One key per turn number ``0 .. last action turn`` naming the state before that turn's action
     (see the module docstring); ``""`` for a turn number without action tokens."""
     env_keys: dict[int, str] = {}
+    start_key = trajectory.start_info.get(STATE_KEY)
+    if isinstance(start_key, str):
+        env_keys[0] = f"env:{start_key}"
     for step in trajectory.steps:
         info = step.observation.info if step.observation is not None else {}
         key = info.get(STATE_KEY)

@@ -61,6 +61,7 @@ __all__ = [
     "LOSS_SHARES",
     "NonFiniteLossWarning",
     "Targets",
+    "advantage_input",
     "compute_advantages",
     "micro_loss",
     "optimize",
@@ -165,18 +166,7 @@ def compute_advantages(
     of every process (group and batch statistics stay exact). Scores are re-derived from the token
     rewards so that a KL penalty placed in the reward reaches score-based estimators too."""
     if session.world == 1:
-        return session.estimator.compute(
-            AdvantageInput(
-                token_rewards=token_rewards,
-                loss_mask=batch.loss_mask,
-                scores=token_rewards.sum(dim=-1),
-                group_ids=batch.group_ids,
-                values=values,
-                baseline_scores=_baseline_scores(batch.trajectories),
-                turn_ids=turn_ids(batch.trajectories, batch.loss_mask.shape[1], batch.loss_mask.device),
-                anchor_keys=[anchor_keys(t) for t in batch.trajectories],
-            )
-        )
+        return session.estimator.compute(advantage_input(batch, token_rewards, values))
     from accelerate.utils import gather_object
 
     full = collate(everything, session.pad_id, mask_truncated=session.config.algorithm.mask_truncated)
@@ -184,22 +174,28 @@ def compute_advantages(
     pad = lambda rows: torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[0])) for r in rows])  # noqa: E731
     all_rewards = pad(gather_object([r.cpu() for r in token_rewards]))
     all_values = pad(gather_object([v.cpu() for v in values])) if values is not None else None
-    adv, ret = session.estimator.compute(
-        AdvantageInput(
-            token_rewards=all_rewards,
-            loss_mask=full.loss_mask,
-            scores=all_rewards.sum(dim=-1),
-            group_ids=full.group_ids,
-            values=all_values,
-            baseline_scores=_baseline_scores(full.trajectories),
-            turn_ids=turn_ids(full.trajectories, length),
-            anchor_keys=[anchor_keys(t) for t in full.trajectories],
-        )
-    )
+    adv, ret = session.estimator.compute(advantage_input(full, all_rewards, all_values))
     sizes: list[int] = gather_object([len(batch)])
     mine = slice(sum(sizes[: session.rank]), sum(sizes[: session.rank]) + len(batch))
     width = batch.input_ids.shape[1]
     return adv[mine, :width].to(session.device), ret[mine, :width].to(session.device)
+
+
+def advantage_input(
+    batch: TrainBatch, token_rewards: torch.Tensor, values: torch.Tensor | None = None
+) -> AdvantageInput:
+    """The estimator's input for ``batch`` (rows on ``token_rewards``' device): scores are the sum
+    of each row's token rewards, turn ids and anchor keys come from the trajectories."""
+    return AdvantageInput(
+        token_rewards=token_rewards,
+        loss_mask=batch.loss_mask.to(token_rewards.device),
+        scores=token_rewards.sum(dim=-1),
+        group_ids=batch.group_ids,
+        values=values,
+        baseline_scores=_baseline_scores(batch.trajectories, token_rewards.device),
+        turn_ids=turn_ids(batch.trajectories, batch.loss_mask.shape[1], token_rewards.device),
+        anchor_keys=[anchor_keys(t) for t in batch.trajectories],
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,8 +478,9 @@ def _update_seed(session: Session) -> int:
     return (session.config.seed * 1_000_003 + session.step * 9_973 + 999 * 101 + session.rank * 7) % 2**31
 
 
-def _baseline_scores(trajectories: Sequence[Trajectory]) -> torch.Tensor | None:
+def _baseline_scores(trajectories: Sequence[Trajectory], device: torch.device) -> torch.Tensor | None:
     """Greedy-baseline scores recorded by :func:`~agent_r1.engine.collect.collect` (ReMax)."""
     if not trajectories or any("baseline_score" not in t.metrics for t in trajectories):
         return None
-    return torch.tensor([t.metrics["baseline_score"] for t in trajectories], dtype=torch.float32)
+    scores = [t.metrics["baseline_score"] for t in trajectories]
+    return torch.tensor(scores, dtype=torch.float32, device=device)
