@@ -61,7 +61,7 @@ def engines(session: Any, temperature: float) -> dict[str, Any]:
     """One rollout engine per mode over the session's model, environments and rollout settings."""
     from agent_r1.builtins.hf_backend import HFBackend
     from agent_r1.contracts import SamplingParams
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
 
     rollout = session.config.rollout
     options = rollout.backend.options

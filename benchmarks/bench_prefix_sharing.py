@@ -8,7 +8,7 @@ greedy continuations; the script reports the best of ``--repeats`` timings of ea
     .venv/bin/python benchmarks/bench_prefix_sharing.py --model smollm2-135m-instruct
 
 ``--model`` takes a checkpoint directory or a bundled model name (see
-``agent_r1.engine.models.resolve_model_path``). Runs on one CPU thread unless ``--threads`` says
+``agent_r1.models.paths.resolve_model_path``). Runs on one CPU thread unless ``--threads`` says
 otherwise.
 """
 
@@ -79,7 +79,8 @@ def load(model_path: str | None) -> tuple[Any, Any, str]:
         return tiny_model(tokenizer, tie_word_embeddings=False, seed=0), tokenizer, "tiny random llama"
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.engine.models import load_tokenizer, resolve_model_path
+    from agent_r1.models.loading import load_tokenizer
+    from agent_r1.models.paths import resolve_model_path
 
     directory = resolve_model_path(model_path)
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()

@@ -35,7 +35,8 @@ def load(tiny: bool) -> tuple[Any, Any]:
         return tiny_model(tokenizer, tie_word_embeddings=False, seed=0), tokenizer
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.engine.models import load_tokenizer, resolve_model_path
+    from agent_r1.models.loading import load_tokenizer
+    from agent_r1.models.paths import resolve_model_path
 
     directory = resolve_model_path("smollm2-135m-instruct")
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
@@ -49,7 +50,7 @@ def micro_batch(
     tool result each; returns right-padded ``input_ids`` and ``attention_mask`` ``[B, T]`` and the
     position of the first action token."""
     from agent_r1.builtins.calculator import ArithmeticDataset, CalculatorEnv
-    from agent_r1.engine.chat import ChatRenderer
+    from agent_r1.rollout.chat import ChatRenderer
 
     task = ArithmeticDataset({}).load("train")[0]
     start = asyncio.run(CalculatorEnv({}).reset(task))
@@ -77,7 +78,7 @@ def step(
     model: Any, head: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int, share: int
 ) -> dict[str, torch.Tensor]:
     """One forward/backward of the PPO-shaped loss; returns every gradient."""
-    from agent_r1.engine.batch import policy_forward
+    from agent_r1.engine.learner.batch import policy_forward
 
     model.zero_grad(set_to_none=True)
     head.zero_grad(set_to_none=True)

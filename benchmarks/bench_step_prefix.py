@@ -35,7 +35,8 @@ def load(tiny: bool) -> tuple[Any, Any]:
         return tiny_model(tokenizer, seed=0), tokenizer
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.engine.models import load_tokenizer, resolve_model_path
+    from agent_r1.models.loading import load_tokenizer
+    from agent_r1.models.paths import resolve_model_path
 
     directory = resolve_model_path("smollm2-135m-instruct")
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
@@ -49,7 +50,7 @@ def rows(
     """``tasks x group`` right-padded rows ``[B, T]`` of the demo's calculator task with its four
     worked examples: input ids, attention mask, and the policy tokens (the two actions)."""
     from agent_r1.builtins.calculator import ArithmeticDataset, CalculatorEnv
-    from agent_r1.engine.chat import ChatRenderer
+    from agent_r1.rollout.chat import ChatRenderer
 
     env = CalculatorEnv({"few_shot": ["multiply", "subtract", "divide", "two_step"]})
     renderer = ChatRenderer(tokenizer)
@@ -85,7 +86,12 @@ def step(
 ) -> dict[str, torch.Tensor]:
     """One optimizer step's forward/backward (a token-mean policy loss with an entropy term, summed
     over micro-batches); returns every gradient."""
-    from agent_r1.engine.batch import StepPrefix, first_policy_position, policy_forward, shared_prefix_length
+    from agent_r1.engine.learner.batch import (
+        StepPrefix,
+        first_policy_position,
+        policy_forward,
+        shared_prefix_length,
+    )
 
     model.zero_grad(set_to_none=True)
     total = float(policy.sum())

@@ -27,7 +27,7 @@ ALGORITHMS: dict[str, list[str]] = {
 
 
 def _run(config: str, overrides: list[str], out: Path) -> dict[str, Any]:
-    from agent_r1.engine.runner import train
+    from agent_r1.run.training import train
 
     started = time.perf_counter()
     summary = train(config, [*overrides, f"output_dir={out}"])

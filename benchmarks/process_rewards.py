@@ -398,7 +398,7 @@ def run_one(
 
     session = build_session(config, components, run_dir)
     if args.eval and before is not None and not before:
-        from agent_r1.engine.runner import run_eval
+        from agent_r1.run.training import run_eval
 
         tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
         result = run_eval(session, tasks, label="before")
@@ -436,7 +436,7 @@ def run_one(
             tracker.close()
     summary = run_summary(steps)
     if args.eval:
-        from agent_r1.engine.runner import run_eval
+        from agent_r1.run.training import run_eval
 
         tasks = session.dataset.load(config.eval.split)[: config.eval.num_tasks]
         result = run_eval(session, tasks, label="after")

@@ -9,7 +9,7 @@ oracle best-of-K (pass@K over K sampled episodes) as the ceiling.
    run); sampling at T = 1 with ``max(K)`` samples per task, whose mean success is the sampling
    row and whose pass@K is the oracle; value-guided K at T = 1; best-of-K (``--best-of-k``).
 
-Every evaluation goes through ``agent_r1.engine.runner.evaluate``, the code behind ``agent-r1
+Every evaluation goes through ``agent_r1.run.commands.evaluate``, the code behind ``agent-r1
 eval``. Results accumulate in ``--out``/results.json (a rerun skips evaluations already there),
 rendered into results.md: success as mean ± sd over seeds, and per episode the tokens generated
 (discarded candidates included), the critic's tokens and the wall time.
@@ -62,7 +62,7 @@ def rows(candidates: list[int], best_of_k: list[int]) -> dict[str, list[str]]:
 
 def train(config: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     """Train with PPO into ``run_dir``; returns the steps, the wall time and the reward curve."""
-    from agent_r1.engine.runner import train as run_train
+    from agent_r1.run.training import train as run_train
 
     started = time.perf_counter()
     run_train(config, [*overrides, *PPO, f"output_dir={run_dir}"])
@@ -78,7 +78,7 @@ def train(config: str, overrides: list[str], run_dir: Path) -> dict[str, Any]:
 
 def evaluate(config: str, overrides: list[str], run_dir: Path, out: Path) -> dict[str, Any]:
     """One evaluation of the run's last checkpoint; returns its summary."""
-    from agent_r1.engine.runner import evaluate as run_eval
+    from agent_r1.run.commands import evaluate as run_eval
 
     report = run_eval(config, overrides, checkpoint=run_dir, out=out)
     summary: dict[str, Any] = report["summary"]
@@ -106,11 +106,11 @@ def diagnose(run_dir: Path, trajectories_path: Path, success_signal: str) -> dic
     needs: among samples of one task), and the mean value of successes and failures."""
 
     from agent_r1.config import ModelConfig
-    from agent_r1.engine import checkpoint as ckpt
-    from agent_r1.engine.batch import collate
-    from agent_r1.engine.critic import ValueHead, no_grad_values
-    from agent_r1.engine.models import load_policy
+    from agent_r1.engine.artifacts import checkpoint as ckpt
+    from agent_r1.engine.learner.batch import collate
+    from agent_r1.engine.learner.critic import ValueHead, no_grad_values
     from agent_r1.mdp import TokenSource, load_trajectories
+    from agent_r1.models.loading import load_policy
 
     checkpoint = ckpt.resolve_checkpoint(run_dir)
     state = ckpt.load_checkpoint(checkpoint)

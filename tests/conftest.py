@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 # --------------------------------------------------------------------------------------------
-# Models and tokenizers (agent_r1.engine.models, agent_r1.testing.models)
+# Models and tokenizers (agent_r1.models, agent_r1.testing.models)
 #   tiny_tokenizer  function  a fresh tiny ChatML BPE tokenizer (trained once per process)
 #   tiny_model      function  a fresh copy of a tiny random Llama (seed 0) for tiny_tokenizer
 #   smollm2_path    session   the prepared fp32 SmolLM2-135M-Instruct checkpoint directory, in the
@@ -49,7 +49,7 @@ def tiny_model(_tiny_model_template: PreTrainedModel) -> Iterator[PreTrainedMode
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from agent_r1.engine.models import is_prepared, prepare_model
+    from agent_r1.models.bundled import is_prepared, prepare_model
 
     name = "smollm2-135m-instruct"
     if not is_prepared(name):
@@ -89,3 +89,27 @@ def builtin_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     registry.load()
     yield registry
     reset_registry(previous)
+
+
+# --------------------------------------------------------------------------------------------
+# Runs on the tiny model (the helpers of agent_r1.testing.pytest_plugin, which plugin authors load)
+#   model_dir  module    a tiny random Llama checkpoint with its tokenizer (model.path of a run)
+#   registry   function  the process-wide registry with only the toy plugin; a fresh registry
+#                        of the installed plugins afterwards
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agent_r1.testing.pytest_plugin import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def registry() -> Iterator[Any]:
+    from agent_r1.registry import reset_registry
+    from agent_r1.testing.pytest_plugin import toy_registry
+
+    yield toy_registry()
+    reset_registry()

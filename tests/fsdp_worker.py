@@ -68,7 +68,7 @@ def fsdp2_grads(model_dir: Path, rank: int, world: int) -> dict[str, torch.Tenso
 
 
 def ddp_update_and_export(model_dir: Path, out: Path) -> tuple[dict[str, torch.Tensor], Path | None]:
-    from agent_r1.engine.export import export_final
+    from agent_r1.engine.artifacts.export import export_final
     from agent_r1.engine.session import build_session
     from agent_r1.engine.update import update
 

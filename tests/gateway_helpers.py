@@ -67,8 +67,8 @@ def teach_tool_calls(model: Any, tokenizer: Any, steps: int = 200) -> Any:
     call ``TOOL_CALL_TEXT`` after the question, ``FINAL_TEXT`` after the tool's result. The prompts
     are rendered exactly as the gateway renders them (hermes tools through the chat template), so
     the model's own sampled text then holds a real tool call for the gateway to parse."""
-    from agent_r1.engine.chat import ChatRenderer
     from agent_r1.gateway.tools import ToolRendering
+    from agent_r1.rollout.chat import ChatRenderer
 
     sys.path.insert(0, str(AGENT.parent))
     from gateway_agent import CALCULATOR, SYSTEM

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from agent_r1.builtins.estimators import RLOO, GRPOEstimator, ReinforcePPBaseline, ReMax
 from agent_r1.builtins.gigpo import GiGPO
 from agent_r1.contracts import AdvantageInput
-from agent_r1.engine.batch import collate
 from agent_r1.engine.collect import flat_groups
-from agent_r1.engine.loss_utils import FLAT_GROUP_RTOL, scores_all_equal
-from agent_r1.engine.turns import anchor_keys
+from agent_r1.engine.learner.batch import collate
+from agent_r1.engine.learner.loss_utils import FLAT_GROUP_RTOL, scores_all_equal
+from agent_r1.engine.learner.turns import anchor_keys
 from agent_r1.engine.update import advantage_input
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
 

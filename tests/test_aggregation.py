@@ -13,7 +13,7 @@ from torch import nn
 
 from agent_r1.builtins.losses import PPOClip
 from agent_r1.contracts import LossInput
-from agent_r1.engine.loss_utils import (
+from agent_r1.engine.learner.loss_utils import (
     AGGREGATION_MODES,
     Normalizer,
     aggregate,

@@ -1,4 +1,4 @@
-"""Chat-template rendering for multi-turn rollouts (agent_r1.engine.chat), on real tokenizers: the
+"""Chat-template rendering for multi-turn rollouts (agent_r1.rollout.chat), on real tokenizers: the
 tiny ChatML one, SmolLM2-135M-Instruct's and the rebuilt Qwen2.5 one with tool calls, plus small
 Jinja templates that are deliberately not prefix-preserving."""
 
@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.chat import (
+from agent_r1.errors import AgentR1Error
+from agent_r1.rollout.chat import (
     TRUNCATION_MARKER,
     ChatRenderer,
     TemplateWarning,
     _difference,
     end_of_turn_token_ids,
 )
-from agent_r1.errors import AgentR1Error
 
 CALC_TOOL = {
     "type": "function",
@@ -341,7 +341,7 @@ EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 def test_a_configured_template_text_changes_the_prompt_tokens(tiny_tokenizer: Any) -> None:
     from agent_r1.config import ModelConfig
-    from agent_r1.engine.chat import apply_chat_template_config
+    from agent_r1.rollout.templates import apply_chat_template_config
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
     default_ids = ChatRenderer(tiny_tokenizer).render_prompt(messages)
@@ -371,7 +371,7 @@ def test_a_configured_template_file_is_read_and_saved_with_the_tokenizer(
     from transformers import AutoTokenizer
 
     from agent_r1.config import ModelConfig
-    from agent_r1.engine.chat import apply_chat_template_config
+    from agent_r1.rollout.templates import apply_chat_template_config
 
     template_file = tmp_path / "said.jinja"
     template_file.write_text(SAID_TEMPLATE, encoding="utf-8")
@@ -386,7 +386,7 @@ def test_a_configured_template_file_is_read_and_saved_with_the_tokenizer(
 
 def test_configured_kwargs_reach_prompts_observations_and_the_drift_check(tiny_tokenizer: Any) -> None:
     from agent_r1.config import load_config
-    from agent_r1.engine.chat import apply_chat_template_config
+    from agent_r1.rollout.templates import apply_chat_template_config
 
     tiny_tokenizer.chat_template = THINK_SWITCH_TEMPLATE
     thinking = ChatRenderer(tiny_tokenizer)
@@ -412,8 +412,8 @@ def test_configured_kwargs_reach_prompts_observations_and_the_drift_check(tiny_t
 
 def test_bad_chat_template_settings_are_config_errors(tiny_tokenizer: Any, tmp_path: Any) -> None:
     from agent_r1.config import ModelConfig
-    from agent_r1.engine.chat import apply_chat_template_config, check_chat_template_config
     from agent_r1.errors import ConfigError
+    from agent_r1.rollout.templates import apply_chat_template_config, check_chat_template_config
 
     assert check_chat_template_config(ModelConfig()) is None
     with pytest.raises(ConfigError, match=r"model.chat_template: 'nowhere/chat.jinja' is not a file") as info:
@@ -435,7 +435,7 @@ def test_bad_chat_template_settings_are_config_errors(tiny_tokenizer: Any, tmp_p
 def test_templates_with_generation_blocks_are_accepted() -> None:
     """``{% generation %}`` (transformers' assistant-mask tag) is valid template syntax; the check
     compiles templates as transformers does, so it does not reject it."""
-    from agent_r1.engine.chat import load_chat_template
+    from agent_r1.rollout.templates import load_chat_template
     from agent_r1.testing.models import tiny_tokenizer
 
     template = tiny_tokenizer().chat_template

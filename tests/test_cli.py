@@ -15,7 +15,8 @@ import yaml
 from foundation_helpers import Sites, run_cli, run_python_or_cli, write_sites
 from typer.testing import CliRunner
 
-from agent_r1.cli import app
+from agent_r1.cli import app, reports_errors
+from agent_r1.errors import AgentR1Error, RunInterrupted
 from agent_r1.mdp import (
     Action,
     Observation,
@@ -301,7 +302,7 @@ def test_viewer_colours_decoded_tokens_by_provenance(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from agent_r1.engine.viewer import SOURCE_STYLES, show_trajectories, token_counts
+    from agent_r1.engine.reports.viewer import SOURCE_STYLES, show_trajectories, token_counts
 
     class DigitTokenizer:
         def decode(self, token_ids: list[int]) -> str:
@@ -331,7 +332,7 @@ def test_viewer_colours_decoded_tokens_by_provenance(tmp_path: Path) -> None:
 def test_allow_config_change_reaches_the_runner(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The runner itself is tested end to end elsewhere; here only the command-line wiring, so
     # runner.train is replaced by a recorder (the real one would train a model).
-    import agent_r1.engine.runner as runner
+    import agent_r1.run.training as runner
 
     calls: list[tuple[Any, ...]] = []
 
@@ -352,3 +353,66 @@ def test_allow_config_change_reaches_the_runner(command: str, monkeypatch: pytes
     calls.clear()
     assert CliRunner().invoke(app, args[:-2]).exit_code == 0
     assert calls[0][2] == {"resume": False, "allow_config_change": False}
+
+
+# --------------------------------------------------------------------------------------------
+# errors: one wrapper turns a user error into "error: ..." and exit 2 in every command
+# --------------------------------------------------------------------------------------------
+
+
+def _command_callbacks(typer_app: Any, prefix: str = "") -> dict[str, Any]:
+    """Every built-in command's function by its command line (``plugins list``...)."""
+    found = {}
+    for info in typer_app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        found[f"{prefix}{name}"] = info.callback
+    for group in typer_app.registered_groups:
+        found.update(_command_callbacks(group.typer_instance, f"{prefix}{group.name} "))
+    return found
+
+
+def _reports_errors(callback: Any) -> bool:
+    return callback.__code__ is reports_errors(lambda: None).__code__
+
+
+def test_every_built_in_command_reports_errors_through_one_wrapper() -> None:
+    callbacks = _command_callbacks(app)
+    assert {"train", "view", "plugins list", "config show", "models prepare", "new-plugin"} <= set(callbacks)
+    unwrapped = sorted(name for name, callback in callbacks.items() if not _reports_errors(callback))
+    assert unwrapped == [], f"commands without @reports_errors: {unwrapped}"
+
+    def plain_command() -> None:
+        """A command someone forgot to wrap."""
+
+    assert not _reports_errors(plain_command)  # the check can fail
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_a_user_error_in_a_command_is_one_line_and_exit_2(
+    debug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agent_r1.run.training as runner
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise AgentR1Error("model.path: no such directory; point it at a model")
+
+    monkeypatch.setattr(runner, "train", fail)
+    result = CliRunner().invoke(app, ["train", "run.yaml"], env={"AGENT_R1_DEBUG": debug})
+    assert result.exit_code == 2
+    assert "error: model.path: no such directory; point it at a model" in result.output
+    assert ("Traceback" in result.output) == bool(debug), result.output
+
+
+def test_an_interrupted_run_prints_its_message_and_exits_with_its_own_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agent_r1.run.training as runner
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise RunInterrupted("interrupted (SIGINT) at step 3; continue with --resume", exit_code=130)
+
+    monkeypatch.setattr(runner, "train", interrupted)
+    result = CliRunner().invoke(app, ["demo"], env={"AGENT_R1_DEBUG": ""})
+    assert result.exit_code == 130
+    assert "interrupted (SIGINT) at step 3; continue with --resume" in result.output
+    assert "error:" not in result.output

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from foundation_helpers import run_cli
-from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
+from trainer_helpers import toy_config, write_config
 
 from agent_r1.mdp import TokenSource, Trajectory, load_trajectories
 from agent_r1.testing import write_plugin_distribution
@@ -40,11 +40,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root, "agent-r1-toy-plugin", files={}, entry_points={"toy": "agent_r1.testing.toy"}
     )
     return root
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 def agent_r1(args: list[str], site: Path) -> Any:
@@ -71,7 +66,7 @@ def test_rollout_writes_token_faithful_trajectories(site: Path, model_dir: Path,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agent_r1.engine.batch import collate, policy_forward
+    from agent_r1.engine.learner.batch import collate, policy_forward
 
     config = _config(tmp_path / "run.yaml", model_dir, tmp_path / "run")
     out = tmp_path / "out" / "trajectories.jsonl"

@@ -23,7 +23,7 @@ from storage_helpers import file_size_limit, small_tmpfs
 from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
 
 from agent_r1.config import ModelConfig, RunConfig, resolved_dict
-from agent_r1.engine import checkpoint as ckpt
+from agent_r1.engine.artifacts import checkpoint as ckpt
 from agent_r1.testing import write_plugin_distribution
 
 ENV = {"AGENT_R1_DISABLE_PLUGINS": "search,code", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -265,7 +265,7 @@ def test_view_on_a_file_that_is_not_a_trajectory_file(
 
 _CRASH = """
 import sys
-import agent_r1.engine.viewer as viewer
+import agent_r1.engine.reports.viewer as viewer
 from agent_r1.cli import main
 
 def crash(*args, **kwargs):

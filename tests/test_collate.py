@@ -1,4 +1,4 @@
-"""collate (agent_r1.engine.batch): the padded tensors equal the trajectories' own per-token views
+"""collate (agent_r1.engine.learner.batch): the padded tensors equal the trajectories' own per-token views
 (token ids, loss mask, sampling log-probabilities, dense rewards) for any mix of segments, reward
 signals, truncation and DAPO's overlong masking."""
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.batch import collate, first_policy_position
+from agent_r1.engine.learner.batch import collate, first_policy_position
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
 
 SOURCES = [TokenSource.PROMPT, TokenSource.POLICY, TokenSource.ENV, TokenSource.TEMPLATE]

@@ -8,26 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import toy_config, toy_registry, write_tiny_checkpoint
+from trainer_helpers import toy_config
 
 from agent_r1.config import RunConfig, validate_components
 from agent_r1.contracts import AdvantageInput
-from agent_r1.engine.batch import collate, policy_forward
-from agent_r1.engine.critic import critic_values, no_grad_values, state_values
+from agent_r1.engine.learner.batch import collate, policy_forward
+from agent_r1.engine.learner.critic import critic_values, no_grad_values, state_values
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
-from agent_r1.registry import reset_registry
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def registry() -> Any:
-    registry = toy_registry()
-    yield registry
-    reset_registry()
 
 
 def _ppo_session(model_dir: Path, run_dir: Path, registry: Any, **critic: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Decoding strategies (agent_r1.engine.decoding): value-guided decoding keeps the candidate the
+"""Decoding strategies (agent_r1.engine.experimental.decoding): value-guided decoding keeps the candidate the
 critic values highest at its last token, K = 1 is plain sampling token for token, the kept
 candidate's tokens and log-probabilities are the policy's, best-of-K follows its verifier, the
 critic travels with checkpoints and exports, and ``agent-r1 eval`` runs it end to end."""
@@ -21,18 +21,18 @@ from hypothesis import strategies as st
 from agent_r1.builtins.hf_backend import HFBackend
 from agent_r1.config import DecodingConfig, RunConfig, load_config
 from agent_r1.contracts import ComponentConfig, Environment, EpisodeStart, Generation, SamplingParams
-from agent_r1.engine.batch import collate, policy_forward
-from agent_r1.engine.critic import ValueHead, critic_values, shared_prefix_values
-from agent_r1.engine.decoding import (
+from agent_r1.engine.experimental.decoding import (
     BestOfK,
     ValueGuided,
     check_decoding,
     format_verifier,
     load_verifier,
 )
-from agent_r1.engine.rollout import RolloutEngine
+from agent_r1.engine.learner.batch import collate, policy_forward
+from agent_r1.engine.learner.critic import ValueHead, critic_values, shared_prefix_values
 from agent_r1.errors import AgentR1Error, ConfigError
 from agent_r1.mdp import Action, Observation, Task, TokenSource
+from agent_r1.rollout.loop import RolloutEngine
 from agent_r1.testing.scripted import ScriptedBackend
 
 
@@ -415,7 +415,7 @@ def test_value_guided_training_without_a_critic_is_refused_before_loading() -> N
 
 
 def test_find_critic_says_what_it_searched(tmp_path: Path) -> None:
-    from agent_r1.engine.critic_files import find_critic
+    from agent_r1.engine.artifacts.critic_files import find_critic
 
     config = RunConfig.model_validate({"model": {"path": str(tmp_path / "model")}})
     decoding = DecodingConfig(kind="value_guided")
@@ -435,7 +435,7 @@ def test_find_critic_says_what_it_searched(tmp_path: Path) -> None:
 def test_an_exported_critic_loads_back_exactly(model: Any, tokenizer: Any, tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from agent_r1.engine.critic_files import attach_critic, find_critic, write_critic
+    from agent_r1.engine.artifacts.critic_files import attach_critic, find_critic, write_critic
     from agent_r1.testing.models import save_tiny_model, tiny_model
 
     head = ValueHead(int(model.config.hidden_size))

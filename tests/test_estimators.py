@@ -28,7 +28,7 @@ from agent_r1.builtins.estimators import (
 from agent_r1.builtins.gigpo import GiGPO
 from agent_r1.builtins.losses import LOSSES
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, Algorithm
-from agent_r1.engine.loss_utils import AGGREGATION_MODES
+from agent_r1.engine.learner.loss_utils import AGGREGATION_MODES
 from agent_r1.errors import ConfigError
 from agent_r1.registry import validate_component_config
 
@@ -100,7 +100,7 @@ def naive_reinforce_pp(rewards, mask, gamma, whiten):
     return advantages, returns
 
 
-FLAT_RTOL = 1e-6  # the documented "all equal" tolerance (agent_r1.engine.loss_utils.FLAT_GROUP_RTOL)
+FLAT_RTOL = 1e-6  # the documented "all equal" tolerance (agent_r1.engine.learner.loss_utils.FLAT_GROUP_RTOL)
 
 
 def naive_group(scores, group_ids, i, acted=None):

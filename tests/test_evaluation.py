@@ -1,4 +1,4 @@
-"""Evaluation summaries and Markdown reports (agent_r1.engine.evaluation)."""
+"""Evaluation summaries and Markdown reports (agent_r1.engine.reports.evaluation)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.evaluation import (
+from agent_r1.engine.reports.evaluation import (
     compare_markdown,
     eval_markdown,
     pass_at_k,

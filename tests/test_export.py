@@ -1,4 +1,4 @@
-"""Exporting a trained policy as a Hugging Face model directory (agent_r1.engine.export).
+"""Exporting a trained policy as a Hugging Face model directory (agent_r1.engine.artifacts.export).
 
 Every export is reloaded with plain transformers (or peft, for an adapter) and must generate
 exactly what the in-memory model generates, greedily, on the same prompts.
@@ -14,10 +14,16 @@ import pytest
 import torch
 
 from agent_r1.config import LoraConfig, ModelConfig, RunConfig, resolved_dict
-from agent_r1.engine import checkpoint as ckpt
-from agent_r1.engine.export import EXPORT_RECORD, export_checkpoint, export_final, export_model, is_lora_model
-from agent_r1.engine.models import load_policy
+from agent_r1.engine.artifacts import checkpoint as ckpt
+from agent_r1.engine.artifacts.export import (
+    EXPORT_RECORD,
+    export_checkpoint,
+    export_final,
+    export_model,
+    is_lora_model,
+)
 from agent_r1.errors import AgentR1Error
+from agent_r1.models.loading import load_policy
 from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
 
 PROMPTS = ["What is 3 plus 4?", "the answer is", "Compute 12 times 7 with the calculator tool."]

@@ -33,7 +33,7 @@ from gateway_helpers import (
 )
 
 from agent_r1.contracts import SamplingParams
-from agent_r1.engine.batch import policy_forward
+from agent_r1.engine.learner.batch import policy_forward
 from agent_r1.mdp import Task, TokenSource, Trajectory, load_trajectories
 
 

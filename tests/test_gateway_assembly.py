@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from agent_r1.builtins.formats import HermesFormat, TagsFormat
 from agent_r1.contracts import Generation
-from agent_r1.engine.chat import ChatRenderer
 from agent_r1.gateway.protocol import RequestError, canonical_messages
 from agent_r1.gateway.recorder import EpisodeRecorder
 from agent_r1.gateway.tools import ToolRendering, tool_class
 from agent_r1.mdp import TokenSource
+from agent_r1.rollout.chat import ChatRenderer
 from agent_r1.testing.models import tiny_tokenizer
 
 CALCULATOR = {

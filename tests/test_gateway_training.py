@@ -15,28 +15,15 @@ from typing import Any
 import pytest
 import torch
 from gateway_helpers import AGENT
-from trainer_helpers import toy_config, toy_registry, write_config, write_tiny_checkpoint
+from trainer_helpers import toy_config, write_config
 
 from agent_r1.config import RunConfig, load_config, validate_components
 from agent_r1.engine import train_step
-from agent_r1.engine.batch import collate, policy_forward
 from agent_r1.engine.collect import collect
+from agent_r1.engine.learner.batch import collate, policy_forward
 from agent_r1.engine.update import update
 from agent_r1.errors import ConfigError
 from agent_r1.mdp import TokenSource, load_trajectories
-from agent_r1.registry import reset_registry
-
-
-@pytest.fixture
-def registry() -> Any:
-    registry = toy_registry()
-    yield registry
-    reset_registry()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 def _config(
@@ -60,7 +47,7 @@ def _gateway_threads() -> list[str]:
 def test_agent_r1_train_runs_two_steps_through_the_gateway(
     registry: Any, model_dir: Path, tmp_path: Path
 ) -> None:
-    from agent_r1.engine.runner import train
+    from agent_r1.run.training import train
 
     run_dir = tmp_path / "run"
     path = write_config(tmp_path / "run.yaml", _config(model_dir, run_dir))
@@ -98,6 +85,7 @@ def test_updates_reach_the_gateway_and_crashing_agents_are_failed_episodes(
     registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agent_r1.engine.session import TaskStream, build_session
+    from agent_r1.gateway.training import GatewaySource
 
     # A reward that differs between almost any two answers, so that step 1 surely updates.
     (tmp_path / "spread_reward.py").write_text(
@@ -116,7 +104,11 @@ def test_updates_reach_the_gateway_and_crashing_agents_are_failed_episodes(
     plain["rollout"]["agent"] = {**plain["rollout"]["agent"], "env": {"CRASH_ON": doomed}}
     plain["rollout"]["agent"]["command"][-1] = "flaky"
     run = RunConfig.model_validate(plain)
-    session = build_session(run, validate_components(run, registry), tmp_path / "run", registry=registry)
+    components = validate_components(run, registry)
+    with pytest.raises(ConfigError, match=r"source=agent_r1\.gateway\.training\.GatewaySource"):
+        build_session(run, components, tmp_path / "refused", registry=registry)  # the source is not guessed
+    session = build_session(run, components, tmp_path / "run", registry=registry, source=GatewaySource)
+    assert isinstance(session.source, GatewaySource)
     initial = copy.deepcopy(session.unwrapped)
     try:
         first = train_step(session)
@@ -168,7 +160,7 @@ def test_gateway_config_errors_name_the_setting() -> None:
 
 
 def test_preflight_checks_the_agent_program_before_any_model_loads(model_dir: Path, tmp_path: Path) -> None:
-    from agent_r1.engine.preflight import preflight
+    from agent_r1.run.preflight import preflight
 
     config = load_config(
         None,
@@ -189,7 +181,7 @@ def test_the_sdk_example_agent_rolls_out_through_agent_r1_rollout(model_dir: Pat
     """``sdk/examples/gateway_agent``: the ``openai``-client calculator agent, as a callable, through
     the ``agent-r1 rollout`` path, with the ``tags`` format (the tiny model writes garbage, but the
     prompts, the calls and the scoring are the real ones)."""
-    from agent_r1.engine.runner import collect as run_collect
+    from agent_r1.run.commands import collect as run_collect
 
     example = Path(__file__).resolve().parents[1] / "sdk" / "examples" / "gateway_agent"
     out = tmp_path / "rollout" / "trajectories.jsonl"

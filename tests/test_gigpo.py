@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from agent_r1.builtins.estimators import RLOO, GRPOEstimator, ReinforcePP
 from agent_r1.builtins.gigpo import GiGPO
 from agent_r1.contracts import AdvantageInput
-from agent_r1.engine.batch import collate
-from agent_r1.engine.turns import STATE_KEY, anchor_keys, turn_ids
+from agent_r1.engine.learner.batch import collate
+from agent_r1.engine.learner.turns import STATE_KEY, anchor_keys, turn_ids
 from agent_r1.errors import ConfigError
 from agent_r1.mdp import Action, Observation, RewardSignal, Step, TokenSource, Trajectory
 from agent_r1.registry import validate_component_config
@@ -595,24 +595,6 @@ def test_gamma_without_turn_level_is_a_config_error() -> None:
 # --------------------------------------------------------------------------------------------
 # The trainer: the engine fills turn ids and anchor keys, metrics reach the step
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer_helpers import write_tiny_checkpoint
-
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def registry() -> Any:
-    from trainer_helpers import toy_registry
-
-    from agent_r1.registry import reset_registry
-
-    registry = toy_registry()
-    yield registry
-    reset_registry()
 
 
 def _session(config: dict[str, Any], registry: Any) -> Any:

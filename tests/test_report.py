@@ -1,4 +1,4 @@
-"""Run reports (agent_r1.engine.report): metrics loading, the curve PNG and the HTML page."""
+"""Run reports (agent_r1.engine.reports.report): metrics loading, the curve PNG and the HTML page."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent_r1.engine.evaluation import summarize_eval
-from agent_r1.engine.report import (
+from agent_r1.engine.reports.evaluation import summarize_eval
+from agent_r1.engine.reports.report import (
     load_metrics,
     plot_curves,
     rolling_mean,

@@ -16,7 +16,7 @@ import pytest
 import torch
 from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
 
-from agent_r1.engine import checkpoint as ckpt
+from agent_r1.engine.artifacts import checkpoint as ckpt
 from agent_r1.testing.plugins import write_plugin_distribution
 
 TIMING = ("time/", "perf/")
@@ -152,21 +152,45 @@ def test_save_is_atomic_and_prunes(tmp_path: Path) -> None:
 def test_a_fresh_run_refuses_a_directory_that_holds_run_files(tmp_path: Path) -> None:
     """Checkpoints or not: any run file (here only a metrics log) marks the directory as taken, and
     the advice names --resume; a resume with a changed config is refused unless allowed."""
-    from agent_r1.engine.runner import _check_run_dir
     from agent_r1.errors import AgentR1Error
+    from agent_r1.run.rundir import check_run_dir
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    _check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)  # empty: fine
+    check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)  # empty: fine
     (run_dir / "metrics.jsonl").write_text("")
     with pytest.raises(AgentR1Error, match=r"already holds a run \(metrics.jsonl\).*--resume"):
-        _check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)
+        check_run_dir(run_dir, {"seed": 0}, resume=False, allow_config_change=False)
     (run_dir / "config.json").write_text(json.dumps({"seed": 0, "trainer": {"lr": 0.1}}))
-    _check_run_dir(run_dir, {"seed": 0, "trainer": {"lr": 0.1}}, resume=True, allow_config_change=False)
+    check_run_dir(run_dir, {"seed": 0, "trainer": {"lr": 0.1}}, resume=True, allow_config_change=False)
     changed = {"seed": 0, "trainer": {"lr": 0.2}}
     with pytest.raises(AgentR1Error, match=r"trainer.lr: 0.1 -> 0.2(.|\n)*--allow-config-change"):
-        _check_run_dir(run_dir, changed, resume=True, allow_config_change=False)
-    _check_run_dir(run_dir, changed, resume=True, allow_config_change=True)
+        check_run_dir(run_dir, changed, resume=True, allow_config_change=False)
+    check_run_dir(run_dir, changed, resume=True, allow_config_change=True)
+
+
+def test_a_section_added_by_a_newer_version_is_no_change_at_its_defaults(tmp_path: Path) -> None:
+    """A run started before the config had a section (here ``health``, and a new field of
+    ``trainer``) resumes when the section holds its defaults; a value the user chose is a change."""
+    from agent_r1.config import HealthConfig, TrainerConfig
+    from agent_r1.errors import AgentR1Error
+    from agent_r1.run.rundir import check_run_dir
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trainer = TrainerConfig().model_dump(mode="json")
+    older_trainer = {k: v for k, v in trainer.items() if k != "skip_idle_rows"}
+    (run_dir / "config.json").write_text(json.dumps({"seed": 0, "trainer": older_trainer}))
+    health = HealthConfig().model_dump(mode="json")
+    now = {"seed": 0, "trainer": trainer, "health": health}
+    check_run_dir(run_dir, now, resume=True, allow_config_change=False)
+    with pytest.raises(AgentR1Error, match=r"health: \"<unset>\" -> \{\"enabled\": false"):
+        check_run_dir(
+            run_dir, {**now, "health": {**health, "enabled": False}}, resume=True, allow_config_change=False
+        )
+    flipped = {**trainer, "skip_idle_rows": not trainer["skip_idle_rows"]}
+    with pytest.raises(AgentR1Error, match=r"trainer\.skip_idle_rows"):
+        check_run_dir(run_dir, {**now, "trainer": flipped}, resume=True, allow_config_change=False)
 
 
 def _wait_for_metrics(run_dir: Path, process: subprocess.Popen[bytes], lines: int) -> None:

@@ -280,8 +280,8 @@ def test_a_missing_reward_model_stops_preflight_before_any_model_loads(tmp_path:
     from trainer_helpers import toy_config, toy_registry, write_tiny_checkpoint
 
     from agent_r1.config import RunConfig, validate_components
-    from agent_r1.engine.preflight import preflight
     from agent_r1.registry import reset_registry
+    from agent_r1.run.preflight import preflight
 
     registry = toy_registry()
     try:
@@ -502,8 +502,8 @@ def test_two_training_steps_with_a_reward_model_and_a_judge(
 ) -> None:
     from trainer_helpers import toy_config, toy_registry, write_config, write_tiny_checkpoint
 
-    from agent_r1.engine.runner import train
     from agent_r1.registry import reset_registry
+    from agent_r1.run.training import train
 
     toy_registry()
     try:

@@ -1,4 +1,4 @@
-"""The agent loop (agent_r1.engine.rollout): token fidelity against what the backend was fed, log-
+"""The agent loop (agent_r1.rollout.loop): token fidelity against what the backend was fed, log-
 probabilities against a fresh forward pass over whole multi-turn trajectories, budgets and
 truncation, reproducibility, and the real ToolEnv with real (slow, failing, hanging, flooding)
 tools driven by a scripted policy."""
@@ -26,12 +26,12 @@ from agent_r1.contracts import (
     SamplingParams,
     Tool,
 )
-from agent_r1.engine.chat import TRUNCATION_MARKER, ChatRenderer
-from agent_r1.engine.rollout import TRAJECTORY_METRICS, RolloutEngine
-from agent_r1.engine.turns import anchor_keys
+from agent_r1.engine.learner.turns import anchor_keys
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Action, Observation, RewardSignal, Task, TokenSource, Trajectory
 from agent_r1.registry import Registry, get_registry, reset_registry
+from agent_r1.rollout.chat import TRUNCATION_MARKER, ChatRenderer
+from agent_r1.rollout.loop import TRAJECTORY_METRICS, RolloutEngine
 from agent_r1.testing.scripted import ScriptedBackend
 
 
@@ -491,7 +491,7 @@ class MeasuringEnv(EchoEnv):
 
 
 def test_environment_figures_are_summed_per_episode_and_averaged_per_step(tokenizer: Any) -> None:
-    from agent_r1.engine.stats import batch_metrics
+    from agent_r1.engine.reports.stats import batch_metrics
 
     backend = ScriptedBackend(tokenizer=tokenizer, responses=["hello"] * 3)
     engine = RolloutEngine(backend, tokenizer, lambda: MeasuringEnv({"done_after": 3}), max_turns=3)

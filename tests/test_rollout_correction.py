@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_tiny_checkpoint
+from trainer_helpers import fixed_trajectories, toy_config
 
 from agent_r1.config import AlgorithmConfig, RunConfig, load_config, validate_components
-from agent_r1.engine.rollout_correction import correction_weights, ratio_stats
+from agent_r1.engine.learner.rollout_correction import correction_weights, ratio_stats
 from agent_r1.errors import ConfigError
-from agent_r1.registry import reset_registry
 
 # --------------------------------------------------------------------------------------------
 # Config
@@ -109,25 +108,13 @@ def test_correction_weights_follow_the_config() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def registry() -> Any:
-    registry = toy_registry()
-    yield registry
-    reset_registry()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
-
-
 def _update(
     registry: Any, model_dir: Path, run_dir: Path, correction: dict[str, Any], *, exact_logprobs: bool
 ) -> tuple[dict[str, float], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One update of the tiny model on the fixed trajectories; returns (metrics, initial, final).
     ``exact_logprobs`` replaces the trajectories' rollout log-probabilities (-1 everywhere, far from
     the tiny model's) by the trainer's own recomputation, i.e. a rollout engine that agrees."""
-    from agent_r1.engine.batch import collate, no_grad_logprobs
+    from agent_r1.engine.learner.batch import collate, no_grad_logprobs
     from agent_r1.engine.session import build_session
     from agent_r1.engine.update import update
 

@@ -12,26 +12,12 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_config, write_tiny_checkpoint
+from trainer_helpers import fixed_trajectories, toy_config, write_config
 
 from agent_r1 import ComponentConfig, Environment, EpisodeStart, PolicyLoss, RewardShaper, hookimpl
 from agent_r1.config import RunConfig, load_config, validate_components
 from agent_r1.errors import AgentR1Error, EnvironmentFatalError, TrainingAborted
 from agent_r1.mdp import Action, Observation, RewardSignal, Task, Trajectory
-from agent_r1.registry import reset_registry
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def registry() -> Any:
-    registry = toy_registry()
-    yield registry
-    reset_registry()
-
 
 # --------------------------------------------------------------------------------------------
 # The effective configuration
@@ -109,7 +95,7 @@ class FailurePlugin:
 
 
 def _train(registry: Any, model_dir: Path, run_dir: Path, tmp_path: Path, **sections: Any) -> dict[str, Any]:
-    from agent_r1.engine.runner import train
+    from agent_r1.run.training import train
 
     registry.register_plugin(FailurePlugin(), "failures")
     config = toy_config(model_dir, run_dir, **sections)
@@ -193,7 +179,7 @@ def test_a_crashing_reward_shaper_is_named_with_the_task_and_trajectory(
 def test_an_environments_own_turn_limit_marks_the_episode_truncated() -> None:
     """The environment's max_turns fires before the engine's: the episode is still truncated, so
     DAPO's mask_truncated masks it."""
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.models import tiny_tokenizer
     from agent_r1.testing.scripted import ScriptedBackend
 

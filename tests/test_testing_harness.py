@@ -7,8 +7,10 @@ import base64
 import hashlib
 import importlib
 import importlib.metadata
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -297,3 +299,31 @@ def test_scripted_rollout_is_one_import_away() -> None:
     assert trajectory.steps[0].observation is not None
     assert trajectory.steps[0].observation.tool_results[0].content == "5"
     assert trajectory.steps[-1].action.answer == "5" and trajectory.termination == "answer"
+
+
+def test_the_pytest_plugin_gives_plugin_authors_its_fixtures_with_one_line(tmp_path: Path) -> None:
+    """A plugin's suite loads ``agent_r1.testing.pytest_plugin`` with one line and gets a tiny model
+    directory, the toy registry and a rollout recorder that sees ``on_rollout_end``."""
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["agent_r1.testing.pytest_plugin"]\n')
+    (tmp_path / "test_uses_fixtures.py").write_text(
+        "from agent_r1.mdp import Trajectory\n"
+        "from agent_r1.registry import get_registry\n\n"
+        "def test_model_dir(agent_r1_tiny_model_dir):\n"
+        "    assert (agent_r1_tiny_model_dir / 'config.json').is_file()\n\n"
+        "def test_toy(agent_r1_toy_registry):\n"
+        "    assert 'toy_target' in agent_r1_toy_registry.names('datasets')\n"
+        "    assert get_registry() is agent_r1_toy_registry\n\n"
+        "def test_recorder(agent_r1_rollout_recorder):\n"
+        "    seen = Trajectory(id='t', task_id='x')\n"
+        "    get_registry().notify('on_rollout_end', step=1, trajectories=[seen])\n"
+        "    assert agent_r1_rollout_recorder.trajectories == [seen]\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout

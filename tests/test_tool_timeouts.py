@@ -162,7 +162,7 @@ def test_sys_exit_in_a_thread_tool_is_an_error_result(
 def test_the_rollout_goes_on_at_the_timeout_and_records_true_times(
     registry: Registry, hang: type[Hang], tiny_tokenizer: Any
 ) -> None:
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     backend = ScriptedBackend(

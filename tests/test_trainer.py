@@ -9,26 +9,13 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import fixed_trajectories, toy_config, toy_registry, write_config, write_tiny_checkpoint
+from trainer_helpers import fixed_trajectories, toy_config, write_config
 
 from agent_r1.config import RunConfig, validate_components
 from agent_r1.engine import train_step
 from agent_r1.engine.collect import flat_groups
 from agent_r1.engine.update import update
 from agent_r1.mdp import RewardSignal, Trajectory
-from agent_r1.registry import reset_registry
-
-
-@pytest.fixture
-def registry() -> Any:
-    registry = toy_registry()
-    yield registry
-    reset_registry()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model"))
 
 
 def _session(config: dict[str, Any], registry: Any) -> Any:
@@ -189,7 +176,7 @@ def test_train_run_writes_everything_and_calls_observers(
     registry: Any, model_dir: Path, tmp_path: Path
 ) -> None:
     from agent_r1 import hookimpl
-    from agent_r1.engine.runner import train
+    from agent_r1.run.training import train
 
     calls: list[tuple[str, Any]] = []
 

@@ -28,7 +28,7 @@ def test_vllm_backend_is_registered_without_importing_vllm() -> None:
 
 
 def test_preflight_reports_the_missing_install(tmp_path: Path) -> None:
-    from agent_r1.engine.preflight import preflight
+    from agent_r1.run.preflight import preflight
 
     config = load_config(None, ["rollout.backend.name=vllm", f"output_dir={tmp_path / 'run'}"])
     report = preflight(config, validate_components(config), prepare_models=False, skip=("prompts",))

@@ -10,13 +10,15 @@ import torch
 import yaml
 
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
+from agent_r1.testing.pytest_plugin import toy_registry, write_tiny_checkpoint
 
-
-def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
-    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    return save_tiny_model(directory, tiny_model(tokenizer, seed=seed), tokenizer)
+__all__ = [
+    "fixed_trajectories",
+    "toy_config",
+    "toy_registry",
+    "write_config",
+    "write_tiny_checkpoint",
+]
 
 
 def toy_config(model_dir: Path, run_dir: Path, **sections: Any) -> dict[str, Any]:
@@ -57,16 +59,6 @@ def toy_config(model_dir: Path, run_dir: Path, **sections: Any) -> dict[str, Any
 def write_config(path: Path, config: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
-
-
-def toy_registry() -> Any:
-    """The process-wide registry with the toy plugin registered in-process."""
-    import agent_r1.testing.toy as toy
-    from agent_r1.registry import Registry, reset_registry
-
-    registry = Registry()
-    registry.register_plugin(toy, "toy", distribution="agent-r1-tests")
-    return reset_registry(registry)
 
 
 def fixed_trajectories(tokenizer: Any, count: int = 8, shared_prompt: int = 0) -> list[Trajectory]:

@@ -9,6 +9,7 @@ Importing this package loads no plugin and no torch.
 
 from __future__ import annotations
 
+from agent_r1 import _lazy
 from agent_r1.contracts import (
     AdvantageEstimator,
     AdvantageInput,
@@ -59,21 +60,14 @@ from agent_r1.mdp import (
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "ComponentSpec": "agent_r1.contracts",
-    "RewardSpec": "agent_r1.contracts",
-    "ToolEnv": "agent_r1.builtins.tool_env",
-    "ToolEnvConfig": "agent_r1.builtins.tool_env",
-}
-
-
-def __getattr__(name: str) -> object:
-    """Bases that plugins subclass but that live in heavier modules, imported on first use."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agent_r1' has no attribute {name!r}")
+# Bases that plugins subclass but that live in heavier modules, imported on first use.
+__getattr__ = _lazy.lazy_getattr(
+    "agent_r1",
+    {
+        "agent_r1.contracts": ("ComponentSpec", "RewardSpec"),
+        "agent_r1.builtins.tool_env": ("ToolEnv", "ToolEnvConfig"),
+    },
+)
 
 
 __all__ = [

@@ -7,16 +7,21 @@ when the command line names a subcommand that is not built in.
 Errors: a failure the user can fix (an :class:`~agent_r1.errors.AgentR1Error`) prints
 ``error: <message>`` and exits 2; anything else is a bug and prints ``error: internal error:
 <type>: <message>`` and exits 1. Neither prints a traceback unless ``AGENT_R1_DEBUG=1`` is set.
+Every built-in command is wrapped in :func:`reports_errors`, the one place that turns an
+:class:`~agent_r1.errors.AgentR1Error` into that message; :func:`main` does the same for what is
+raised outside a command (plugin commands) and reports the rest as internal errors.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -132,9 +137,10 @@ def _print_error(text: str) -> None:
     Console(stderr=True).print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
-def _fail(exc: BaseException) -> NoReturn:
-    """Print ``error: <message>`` to stderr (the traceback first under ``AGENT_R1_DEBUG=1``) and
-    exit with status 2."""
+def _report_error(exc: AgentR1Error) -> int:
+    """Print an error agent-r1 raised on purpose as ``error: <message>`` to stderr (the traceback
+    first under ``AGENT_R1_DEBUG=1``); returns the exit status: 2, or a
+    :class:`~agent_r1.errors.RunInterrupted`'s own, whose message is printed as it is."""
     if _debug():
         import traceback
 
@@ -143,9 +149,32 @@ def _fail(exc: BaseException) -> NoReturn:
 
     if isinstance(exc, RunInterrupted):  # not an error: say what happened and how to go on
         print(str(exc), file=sys.stderr, flush=True)
-        raise typer.Exit(exc.exit_code)
+        return exc.exit_code
     _print_error(str(exc))
-    raise typer.Exit(2)
+    return 2
+
+
+def _fail(exc: AgentR1Error) -> NoReturn:
+    """Report ``exc`` (see :func:`_report_error`) and exit with its status."""
+    raise typer.Exit(_report_error(exc))
+
+
+_Result = TypeVar("_Result")
+
+
+def reports_errors(command: Callable[..., _Result]) -> Callable[..., _Result]:
+    """Run ``command`` so that an :class:`~agent_r1.errors.AgentR1Error` it raises prints
+    ``error: <message>`` and exits 2 (:func:`_report_error`). Every built-in command is wrapped in
+    it, below its ``@app.command``; typer reads the parameters through ``functools.wraps``."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> _Result:
+        try:
+            return command(*args, **kwargs)
+        except AgentR1Error as exc:
+            _fail(exc)
+
+    return run
 
 
 def _internal_error(exc: BaseException) -> int:
@@ -202,16 +231,14 @@ def _root(
 
 
 @plugins_app.command("list")
+@reports_errors
 def plugins_list(as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """List installed plugins: distribution, version, entry point and components per kind."""
     from agent_r1.registry import PluginLoadWarning, get_registry
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)
-        try:
-            infos = get_registry().plugins()
-        except AgentR1Error as exc:  # AGENT_R1_STRICT_PLUGINS with a broken plugin
-            _fail(exc)
+        infos = get_registry().plugins()
     if as_json:
         typer.echo(json.dumps([info.as_dict() for info in infos], indent=2))
         return
@@ -231,6 +258,7 @@ def plugins_list(as_json: bool = typer.Option(False, "--json", help="machine-rea
 
 
 @plugins_app.command("doctor")
+@reports_errors
 def plugins_doctor() -> None:
     """Load every plugin and component and explain anything broken. Exit 1 if something is."""
     from agent_r1.registry import get_registry
@@ -271,6 +299,7 @@ def _load_checked(config_path: str, overrides: list[str] | None) -> tuple[Any, l
 
 
 @config_app.command("show")
+@reports_errors
 def config_show(
     config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
     overrides: list[str] = OverridesArg,
@@ -289,10 +318,7 @@ def config_show(
 
     from agent_r1.config import resolved_dict
 
-    try:
-        config, components = _load_checked(config_path, overrides)
-    except AgentR1Error as exc:
-        _fail(exc)
+    config, components = _load_checked(config_path, overrides)
     data = resolved_dict(config, components)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -300,7 +326,7 @@ def config_show(
         typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
     if not check:
         return
-    from agent_r1.engine.preflight import preflight
+    from agent_r1.run.preflight import preflight
 
     report = preflight(config, components, prepare_models=False)
     for item in report.warnings:
@@ -315,6 +341,7 @@ def config_show(
 
 
 @app.command()
+@reports_errors
 def check(
     config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
     overrides: list[str] = OverridesArg,
@@ -325,12 +352,9 @@ def check(
     The preflight checks: model files, tokenizer, LoRA targets, context length, dataset, trackers,
     output directory and free space, prompt lengths. Exit status 2 when a check fails.
     """
-    from agent_r1.engine.preflight import preflight
+    from agent_r1.run.preflight import preflight
 
-    try:
-        config, components = _load_checked(config_path, overrides)
-    except AgentR1Error as exc:
-        _fail(exc)
+    config, components = _load_checked(config_path, overrides)
     report = preflight(config, components)
     if as_json:
         typer.echo(json.dumps(report.as_dicts(), indent=2))
@@ -352,9 +376,10 @@ def check(
 
 
 @models_app.command("list")
+@reports_errors
 def models_list() -> None:
     """Bundled model names that work offline."""
-    from agent_r1.engine.models import is_prepared, list_bundled_models
+    from agent_r1.models.bundled import is_prepared, list_bundled_models
 
     for model in list_bundled_models():
         state = "prepared" if is_prepared(model.name) else "not prepared yet"
@@ -362,14 +387,12 @@ def models_list() -> None:
 
 
 @models_app.command("prepare")
+@reports_errors
 def models_prepare(name: str = typer.Argument("smollm2-135m-instruct")) -> None:
     """Convert a bundled model into a local fp32 checkpoint (done once, then cached)."""
-    from agent_r1.engine.models import prepare_model
+    from agent_r1.models.bundled import prepare_model
 
-    try:
-        path = prepare_model(name, full_check=True)
-    except AgentR1Error as exc:
-        _fail(exc)
+    path = prepare_model(name, full_check=True)
     typer.echo(str(path))
 
 
@@ -385,6 +408,7 @@ AllowConfigChange = typer.Option(
 
 
 @app.command()
+@reports_errors
 def train(
     config_path: str = typer.Argument(..., help="run config YAML (or a bundled name such as 'demo')"),
     overrides: list[str] = OverridesArg,
@@ -392,30 +416,26 @@ def train(
     allow_config_change: bool = AllowConfigChange,
 ) -> None:
     """Train a policy as the run config says."""
-    from agent_r1.engine.runner import train as run_train
+    from agent_r1.run.training import train as run_train
 
-    try:
-        run_train(config_path, overrides or [], resume=resume, allow_config_change=allow_config_change)
-    except AgentR1Error as exc:
-        _fail(exc)
+    run_train(config_path, overrides or [], resume=resume, allow_config_change=allow_config_change)
 
 
 @app.command()
+@reports_errors
 def demo(
     overrides: list[str] = OverridesArg,
     resume: bool = typer.Option(False, "--resume", help="continue from the last good checkpoint"),
     allow_config_change: bool = AllowConfigChange,
 ) -> None:
     """The main job: train SmolLM2-135M-Instruct with GRPO to use a calculator tool."""
-    from agent_r1.engine.runner import train as run_train
+    from agent_r1.run.training import train as run_train
 
-    try:
-        run_train("demo", overrides or [], resume=resume, allow_config_change=allow_config_change)
-    except AgentR1Error as exc:
-        _fail(exc)
+    run_train("demo", overrides or [], resume=resume, allow_config_change=allow_config_change)
 
 
 @app.command()
+@reports_errors
 def rollout(
     config_path: str = typer.Argument(..., help="run config YAML"),
     overrides: list[str] = OverridesArg,
@@ -424,16 +444,14 @@ def rollout(
     num_tasks: int = typer.Option(8, help="tasks to roll out (each group_size times)"),
 ) -> None:
     """Collect trajectories with the configured model and environment and save them as JSONL."""
-    from agent_r1.engine.runner import collect
+    from agent_r1.run.commands import collect
 
-    try:
-        count = collect(config_path, overrides or [], out=out, split=split, num_tasks=num_tasks)
-    except AgentR1Error as exc:
-        _fail(exc)
+    count = collect(config_path, overrides or [], out=out, split=split, num_tasks=num_tasks)
     typer.echo(f"wrote {count} trajectories to {out}")
 
 
 @app.command("serve-policy")
+@reports_errors
 def serve_policy(
     overrides: list[str] = OverridesArg,
     config_path: str | None = typer.Option(
@@ -464,24 +482,22 @@ def serve_policy(
     """
     from agent_r1.gateway.serve import serve_policy as run_server
 
-    try:
-        run_server(
-            config_path,
-            overrides or [],
-            model=model,
-            host=host,
-            port=port,
-            served_model_name=served_model_name,
-            tool_format=tool_format,
-            max_new_tokens=max_new_tokens,
-            max_context=max_context,
-            out=out,
-        )
-    except AgentR1Error as exc:
-        _fail(exc)
+    run_server(
+        config_path,
+        overrides or [],
+        model=model,
+        host=host,
+        port=port,
+        served_model_name=served_model_name,
+        tool_format=tool_format,
+        max_new_tokens=max_new_tokens,
+        max_context=max_context,
+        out=out,
+    )
 
 
 @app.command("eval")
+@reports_errors
 def evaluate(
     config_path: str = typer.Argument(..., help="run config YAML"),
     overrides: list[str] = OverridesArg,
@@ -497,18 +513,16 @@ def evaluate(
     ),
 ) -> None:
     """Evaluate a policy on held-out tasks: success/EM/F1, pass@k, tool use, turns."""
-    from agent_r1.engine.runner import evaluate as run_eval
+    from agent_r1.run.commands import evaluate as run_eval
 
     extra = [] if decoding is None else [f"eval.decoding.kind={decoding}"]
     extra += [] if candidates is None else [f"eval.decoding.candidates={candidates}"]
-    try:
-        report = run_eval(config_path, [*(overrides or []), *extra], checkpoint=checkpoint, out=out)
-    except AgentR1Error as exc:
-        _fail(exc)
+    report = run_eval(config_path, [*(overrides or []), *extra], checkpoint=checkpoint, out=out)
     typer.echo(report.get("markdown", json.dumps(report.get("summary", {}), indent=2)))
 
 
 @app.command()
+@reports_errors
 def export(
     source: Path = typer.Argument(
         ..., help="run directory (its newest good checkpoint) or checkpoint directory"
@@ -524,12 +538,9 @@ def export(
     transformers and vLLM as they are. LoRA runs export the adapter (peft format), or with
     --merge-lora a merged model.
     """
-    from agent_r1.engine.export import EXPORT_RECORD, export_checkpoint
+    from agent_r1.engine.artifacts.export import EXPORT_RECORD, export_checkpoint
 
-    try:
-        path = export_checkpoint(source, out, merge_lora=merge_lora)
-    except AgentR1Error as exc:
-        _fail(exc)
+    path = export_checkpoint(source, out, merge_lora=merge_lora)
     record = json.loads((path / EXPORT_RECORD).read_text(encoding="utf-8"))
     typer.echo(f"exported {record.get('checkpoint')} (step {record.get('step')}) to {path}")
     if record.get("kind") == "lora-adapter":
@@ -542,6 +553,7 @@ def export(
 
 
 @app.command()
+@reports_errors
 def view(
     path: Path = typer.Argument(..., help="trajectories JSONL"),
     limit: int = typer.Option(3, help="show at most this many trajectories"),
@@ -550,15 +562,13 @@ def view(
     ),
 ) -> None:
     """Pretty-print trajectories: steps, tool calls and results, rewards, termination, token counts."""
-    from agent_r1.engine.viewer import show_trajectories
+    from agent_r1.engine.reports.viewer import show_trajectories
 
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
-        _fail(
-            AgentR1Error(
-                f"{path} {what}; `agent-r1 view` takes a trajectories JSONL file such as "
-                "<run>/samples.jsonl or <run>/eval_after.jsonl"
-            )
+        raise AgentR1Error(
+            f"{path} {what}; `agent-r1 view` takes a trajectories JSONL file such as "
+            "<run>/samples.jsonl or <run>/eval_after.jsonl"
         )
     decoder = None
     if tokenizer is not None:
@@ -566,12 +576,9 @@ def view(
 
         try:
             decoder = AutoTokenizer.from_pretrained(tokenizer)
-        except (OSError, ValueError) as exc:
-            _fail(exc)
-    try:
-        show_trajectories(path, limit=limit, tokenizer=decoder)
-    except AgentR1Error as exc:
-        _fail(exc)
+        except (OSError, ValueError) as exc:  # transformers' words for a directory it cannot read
+            raise AgentR1Error(str(exc)) from exc
+    show_trajectories(path, limit=limit, tokenizer=decoder)
 
 
 # --------------------------------------------------------------------------------------------
@@ -580,6 +587,7 @@ def view(
 
 
 @app.command("new-plugin")
+@reports_errors
 def new_plugin(
     name: str = typer.Argument(..., help="plugin name, e.g. 'weather' (letters, digits, _ or -)"),
     directory: Path = typer.Option(
@@ -589,11 +597,8 @@ def new_plugin(
     """Scaffold a plugin distribution: a tool, an environment, a dataset, a reward shaper, tests."""
     from agent_r1.scaffold import plugin_names, render_plugin
 
-    try:
-        names = plugin_names(name)
-        project = render_plugin(name, directory)
-    except AgentR1Error as exc:
-        _fail(exc)
+    names = plugin_names(name)
+    project = render_plugin(name, directory)
     typer.echo(f"created {names.distribution} (plugin {names.name!r}) in {project}")
     typer.echo("next:")
     typer.echo(f"  cd {project}")
@@ -607,13 +612,8 @@ def main(argv: list[str] | None = None) -> Any:
     (the traceback only under ``AGENT_R1_DEBUG=1``)."""
     try:
         return app(args=argv if argv is not None else sys.argv[1:], prog_name="agent-r1")
-    except AgentR1Error as exc:  # raised outside a command's own handler (a plugin command...)
-        if _debug():
-            import traceback
-
-            traceback.print_exception(exc)
-        _print_error(str(exc))
-        sys.exit(2)
+    except AgentR1Error as exc:  # raised outside the built-in commands (a plugin command...)
+        sys.exit(_report_error(exc))
     except Exception as exc:  # anything else is a bug: one line, exit 1 (KeyboardInterrupt passes)
         sys.exit(_internal_error(exc))
 

@@ -382,6 +382,174 @@ class EvalConfig(_Section):
         return self
 
 
+def _min_reward_rise() -> Any:
+    """The ``min_reward_rise`` option of the alarms that trip only while the reward rises."""
+    return Field(
+        0.15, gt=0.0, description="trip only when reward/score_mean rose at least this much over the window"
+    )
+
+
+class AuditGapConfig(_Section):
+    """The trained reward rises while an audit does not. An audit is a reward
+    signal the run reports but does not train on (weight 0, e.g. ``code_solved`` next to a trained
+    ``code_tests``) or held-out success (``eval/success``). Both rises are least-squares fits over
+    the window, in the signals' own units: name audits on the scale of the score (0..1)."""
+
+    enabled: bool = Field(True, description="watch for this alarm")
+    signals: list[str] = Field(
+        default_factory=list,
+        description="reward signals that audit the trained reward (reward/<signal> each step), e.g. "
+        "[code_solved]; usually shapers of weight 0",
+    )
+    use_eval: bool = Field(
+        True,
+        description="also audit with held-out success (eval/success) when trainer.eval_every > 0; the "
+        "evaluation before training counts as step 0",
+    )
+    window: int = Field(20, ge=3, description="steps over which the per-step trends are fitted")
+    eval_points: int = Field(
+        3, ge=2, description="evaluations (the latest ones) over which the held-out trend is fitted"
+    )
+    min_reward_rise: float = _min_reward_rise()
+    max_gap: float = Field(
+        0.75,
+        ge=0.0,
+        description="trip when more than this share of the reward's rise is not followed by the audit "
+        "(1 - audit rise / reward rise; 0.75: the audit rose less than a quarter as much)",
+    )
+
+    @model_validator(mode="after")
+    def _check_signals(self) -> AuditGapConfig:
+        if any(not name.strip() for name in self.signals):
+            raise ValueError("signals holds an empty name; give reward signal names, e.g. [code_solved]")
+        repeated = sorted({name for name in self.signals if self.signals.count(name) > 1})
+        if repeated:
+            raise ValueError(f"signals lists {', '.join(map(repr, repeated))} more than once")
+        return self
+
+
+class _DropAlarm(_Section):
+    """The options that the alarms of a figure falling while the reward jumps share (each alarm's
+    own options follow them)."""
+
+    enabled: bool = Field(True, description="watch for this alarm")
+    window: int = Field(20, ge=3, description="steps over which the trends are fitted")
+    min_reward_rise: float = _min_reward_rise()
+
+
+def _max_drop(default: float, metric: str) -> Any:
+    """The ``max_drop`` option of a :class:`_DropAlarm` that watches ``metric``."""
+    return Field(
+        default,
+        gt=0.0,
+        le=1.0,
+        description=f"trip when {metric} fell by more than this share of its value at the window's start",
+    )
+
+
+class LengthDropConfig(_DropAlarm):
+    """The reward jumps while responses get much shorter (a policy that found an answer the reward
+    pays for without the work)."""
+
+    max_drop: float = _max_drop(0.3, "response/length_mean")
+
+
+class ToolDropConfig(_DropAlarm):
+    """The reward jumps while the agent stops using its tools."""
+
+    max_drop: float = _max_drop(0.5, "tools/calls_mean")
+    min_calls: float = Field(
+        0.2,
+        gt=0.0,
+        description="watch only while the window starts at this many tool calls per trajectory or more",
+    )
+
+
+class SuspectConfig(_Section):
+    """Rewarded trajectories whose reward came through a path a plugin flagged as suspicious
+    (``suspect/<path>``, see docs/reward_hacking.md)."""
+
+    enabled: bool = Field(True, description="watch for this alarm")
+    rewarded_above: float = Field(
+        0.0, description="a trajectory counts as rewarded when its score is above this"
+    )
+    max_rate: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="trip when more than this share of the step's rewarded trajectories is flagged",
+    )
+    min_rewarded: int = Field(
+        1, ge=1, description="judge a step only when it has at least this many rewarded trajectories"
+    )
+
+
+class DisagreementConfig(_Section):
+    """A reward model and a verifier (two reward signals) disagree on many trajectories, or on
+    more and more of them. A trajectory is judged good by a signal when the signal's unweighted
+    value reaches its threshold; it counts when it carries both signals."""
+
+    enabled: bool = Field(True, description="watch for this alarm (once both signals are named)")
+    reward_model: str | None = Field(
+        None, description="the learned judge's signal, e.g. reward_model or llm_judge; null: no alarm"
+    )
+    verifier: str | None = Field(
+        None, description="the rule-based verifier's signal, e.g. answer_match; null: no alarm"
+    )
+    reward_model_threshold: float = Field(0.5, description="reward_model value that counts as good")
+    verifier_threshold: float = Field(0.5, description="verifier value that counts as good")
+    max_rate: float = Field(
+        0.3, ge=0.0, lt=1.0, description="trip when more than this share of the step's trajectories disagree"
+    )
+    max_rise: float = Field(
+        0.15,
+        gt=0.0,
+        le=1.0,
+        description="trip when the disagreement rate rose more than this over the window",
+    )
+    window: int = Field(20, ge=3, description="steps over which the rise is fitted")
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> DisagreementConfig:
+        if (self.reward_model is None) != (self.verifier is None):
+            given, missing = (
+                ("reward_model", "verifier") if self.verifier is None else ("verifier", "reward_model")
+            )
+            raise ValueError(f"{given} is set but {missing} is not: name both signals to compare, or neither")
+        if self.reward_model is not None and self.reward_model == self.verifier:
+            raise ValueError(
+                f"reward_model and verifier are both {self.reward_model!r}: name two different signals"
+            )
+        return self
+
+    @property
+    def configured(self) -> bool:
+        """Whether both signals are named."""
+        return self.reward_model is not None and self.verifier is not None
+
+
+class HealthConfig(_Section):
+    """Reward-hacking alarms (docs/reward_hacking.md). Each training step the runner compares the
+    step's metrics with the recent past and logs ``health/<alarm>`` (1 while the alarm is on) with
+    the figures behind it; it prints a line when an alarm trips and when it clears."""
+
+    enabled: bool = Field(True, description="watch the alarms at all (false: no health/ metrics)")
+    action: Literal["warn", "stop"] = Field(
+        "warn", description="when an alarm trips: 'warn' (print, log, go on) or 'stop' the run with an error"
+    )
+    patience: int = Field(
+        2,
+        ge=1,
+        description="an alarm trips after this many flagged verdicts in a row (steps; evaluations for "
+        "held-out success), and clears after as many calm ones",
+    )
+    audit_gap: AuditGapConfig = Field(default_factory=AuditGapConfig)
+    length_drop: LengthDropConfig = Field(default_factory=LengthDropConfig)
+    tool_drop: ToolDropConfig = Field(default_factory=ToolDropConfig)
+    suspect: SuspectConfig = Field(default_factory=SuspectConfig)
+    disagreement: DisagreementConfig = Field(default_factory=DisagreementConfig)
+
+
 class RunConfig(_Section):
     """The whole run. ``agent-r1 config show`` prints the resolved, validated form."""
 
@@ -404,6 +572,9 @@ class RunConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    health: HealthConfig = Field(
+        default_factory=HealthConfig, description="reward-hacking alarms (docs/reward_hacking.md)"
+    )
     trackers: list[ComponentSpec] = Field(
         default_factory=lambda: [ComponentSpec(name="jsonl")], description="metric tracker components"
     )

@@ -342,10 +342,10 @@ class AdvantageInput:
     turn_ids: torch.Tensor | None = None
     """``[B, T]`` long: the turn of each policy-sampled token, -1 on every other token (turn-level
     estimators: ``gigpo``, ``turn_level`` options). Set by the engine; see
-    :func:`agent_r1.engine.turns.turn_ids`. Since: 0.2.0"""
+    :func:`agent_r1.engine.learner.turns.turn_ids`. Since: 0.2.0"""
     anchor_keys: Sequence[Sequence[str]] | None = None
     """Per trajectory, one key per turn number naming the state before that turn (``gigpo``'s
-    step groups). Set by the engine; see :func:`agent_r1.engine.turns.anchor_keys`. Since: 0.2.0"""
+    step groups). Set by the engine; see :func:`agent_r1.engine.learner.turns.anchor_keys`. Since: 0.2.0"""
 
 
 class AdvantageEstimator(Component):
@@ -451,7 +451,7 @@ class RolloutBackend(Component):
         sampling: SamplingParams,
         *,
         max_new_tokens: Sequence[int] | None = None,
-    ) -> list[Generation]:  # pragma: no cover - abstract
+    ) -> list[Generation]:
         """One continuation per prompt (token ids in, token ids and log-probabilities out).
 
         ``max_new_tokens`` gives each prompt its own token budget (the room its trajectory has
@@ -459,6 +459,19 @@ class RolloutBackend(Component):
         it. Since: 0.2.0 (a backend whose ``generate`` lacks it still works, with a deprecation
         warning, and is cut to each budget by the engine).
         """
+        if max_new_tokens is not None and len(max_new_tokens) != len(prompts):
+            raise ValueError(f"got {len(max_new_tokens)} token budgets for {len(prompts)} prompts")
+        caps = max_new_tokens if max_new_tokens is not None else [sampling.max_new_tokens] * len(prompts)
+        budgets = [min(sampling.max_new_tokens, int(cap)) for cap in caps]
+        return self._generate_within(prompts, sampling, budgets)
+
+    def _generate_within(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, budgets: list[int]
+    ) -> list[Generation]:  # pragma: no cover - abstract
+        """One continuation per prompt within ``budgets`` (one per prompt). The bundled backends
+        implement this instead of :meth:`generate`, which checks ``max_new_tokens`` and works out each
+        row's budget once for all of them: the smaller of its ``max_new_tokens`` and
+        ``sampling.max_new_tokens``. Private: plugin backends override :meth:`generate`."""
         raise NotImplementedError
 
     def sync_weights(self, model: Any, version: int) -> None:

@@ -181,7 +181,9 @@ def register_commands() -> list[Any]:
 def on_train_start(run_dir: Path, config: dict[str, Any]) -> None:
     """Called once before the first training step, after every component was built.
 
-    ``config`` is the resolved run config as plain data.
+    :param run_dir: The run's directory (``output_dir``), where ``config.json``, ``metrics.jsonl``,
+        ``samples.jsonl`` and the checkpoints are written.
+    :param config: The resolved run config as plain data (what ``config.json`` holds).
 
     Since: 0.1.0
     """
@@ -191,8 +193,9 @@ def on_train_start(run_dir: Path, config: dict[str, Any]) -> None:
 def on_rollout_end(step: int, trajectories: list[Trajectory]) -> None:
     """Called once per training step with the scored trajectories this process trained on.
 
-    ``step`` is the step's number (the N-th update, counted from 1, as in ``metrics.jsonl``).
-    Observers may read the trajectories (e.g. to log examples); they must not modify them.
+    :param step: The step's number (the N-th update, counted from 1, as in ``metrics.jsonl``).
+    :param trajectories: The step's scored trajectories that this process trained on. Observers
+        may read them (e.g. to log examples); they must not modify them.
 
     Since: 0.1.0. Changed in 0.2.0: called after the step's update (the runner fires every hook),
     with 1-based step numbers.
@@ -203,7 +206,9 @@ def on_rollout_end(step: int, trajectories: list[Trajectory]) -> None:
 def on_update_end(step: int, metrics: dict[str, float]) -> None:
     """Called once per training step after the optimizer update, with the step's metrics.
 
-    ``step`` is the step's number (1-based, as ``metrics["step"]``).
+    :param step: The step's number (1-based, as ``metrics["step"]``).
+    :param metrics: The step's metrics as the trackers log them (the line of ``metrics.jsonl``):
+        losses, rewards, timings, and ``eval/success`` on a step with a mid-run evaluation.
 
     Since: 0.1.0
     """
@@ -213,6 +218,11 @@ def on_update_end(step: int, metrics: dict[str, float]) -> None:
 def on_eval_end(step: int, report: dict[str, Any]) -> None:
     """Called after each evaluation with its report (success, pass@k, per-category figures...).
 
+    :param step: The updates the evaluated policy has had: 0 before training, ``N`` after the N-th
+        step (a checkpoint's step under ``agent-r1 eval --checkpoint``).
+    :param report: The evaluation's summary, with its ``step`` and ``label`` (``before``,
+        ``step<N>``, ``after``, or ``eval`` for ``agent-r1 eval``).
+
     Since: 0.1.0
     """
 
@@ -221,6 +231,9 @@ def on_eval_end(step: int, report: dict[str, Any]) -> None:
 def on_checkpoint(step: int, path: Path) -> None:
     """Called after a checkpoint was written atomically to ``path``.
 
+    :param step: The step the checkpoint holds (training resumes after it).
+    :param path: The checkpoint's directory, under ``<run_dir>/checkpoints``.
+
     Since: 0.1.0
     """
 
@@ -228,6 +241,9 @@ def on_checkpoint(step: int, path: Path) -> None:
 @hookspec
 def on_train_end(run_dir: Path, metrics: dict[str, float]) -> None:
     """Called once when training finishes (also after an abort), with the last metrics.
+
+    :param run_dir: The run's directory (as in :func:`on_train_start`).
+    :param metrics: The metrics of the last step that completed (empty when none did).
 
     Since: 0.1.0
     """

@@ -236,7 +236,7 @@ class Trajectory(_Model):
     start_info: dict[str, Any] = Field(default_factory=dict)
     """What the environment said about the initial state when the episode started
     (``EpisodeStart.info``), e.g. ``state_key``: the name of the initial state, GiGPO's anchor
-    for turn 0 (see :mod:`agent_r1.engine.turns`). Since: 0.2.0"""
+    for turn 0 (see :mod:`agent_r1.engine.learner.turns`). Since: 0.2.0"""
     termination: str | None = None
     truncated: bool = False
     """True when a budget (tokens per turn or total context) cut the episode short."""

@@ -122,8 +122,8 @@ def test_two_grpo_steps_on_cpu_with_the_calculator_environment(
 
 
 def test_rollout_dict_masks_everything_but_policy_tokens(calculator_tasks: list) -> None:
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.registry import get_registry
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     tokenizer = tiny_tokenizer()
@@ -282,7 +282,7 @@ def test_async_worker_rows_go_through_trls_packer_with_our_advantages(
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     from agent_r1.contracts import AdvantageInput
-    from agent_r1.engine.batch import collate
+    from agent_r1.engine.learner.batch import collate
     from agent_r1.registry import get_registry
 
     worker = _worker(
@@ -392,8 +392,8 @@ class CounterEnv:
 
 
 def test_a_trl_environment_class_runs_inside_agent_r1() -> None:
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.mdp import Task
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     tokenizer = tiny_tokenizer()
@@ -455,7 +455,7 @@ class SlowLookupEnv:
 
 
 def _lookup_engine(responses: list[str], **options: Any) -> Any:
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     tokenizer = tiny_tokenizer()

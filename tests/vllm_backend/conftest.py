@@ -29,7 +29,7 @@ def smollm2(smollm2_path: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.engine.models import load_tokenizer
+    from agent_r1.models.loading import load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32).eval()
     return model, load_tokenizer(smollm2_path)

@@ -11,11 +11,11 @@ import torch
 
 from agent_r1.builtins.hf_backend import HFBackend
 from agent_r1.contracts import ComponentConfig, Environment, EpisodeStart, SamplingParams
-from agent_r1.engine.batch import collate, no_grad_logprobs
-from agent_r1.engine.loss_utils import mismatch_kl
-from agent_r1.engine.rollout import RolloutEngine
-from agent_r1.engine.rollout_correction import ratio_stats
+from agent_r1.engine.learner.batch import collate, no_grad_logprobs
+from agent_r1.engine.learner.loss_utils import mismatch_kl
+from agent_r1.engine.learner.rollout_correction import ratio_stats
 from agent_r1.mdp import Action, Observation, Task
+from agent_r1.rollout.loop import RolloutEngine
 
 LOGPROB_TOLERANCE = 2e-4
 """Largest |vLLM - trainer| per-token log-probability accepted in float32 on CPU (measured: ~1e-5)."""

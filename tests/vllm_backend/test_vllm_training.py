@@ -38,7 +38,7 @@ def test_lora_sync_serves_the_trained_adapter(lora_sync: str, tiny_dir: Path) ->
     from transformers import AutoModelForCausalLM
 
     from agent_r1.builtins.vllm_backend import VLLMBackend
-    from agent_r1.engine.models import load_tokenizer
+    from agent_r1.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()

@@ -148,13 +148,13 @@ class _TableTasks(Dataset):
             messages = self._messages(where, row)
             answer = None
             if config.answer_field is not None:
-                answer = _field(row, config.answer_field)
-                if answer is _MISSING:
-                    raise ConfigError(
-                        f"{where}: no field {config.answer_field!r} (fields: {_fields(row)}); set "
-                        "data.answer_field, or null for tasks without a reference answer",
-                        path="data.answer_field",
-                    )
+                answer = _required_field(
+                    row,
+                    where,
+                    "answer_field",
+                    config.answer_field,
+                    "set data.answer_field, or null for tasks without a reference answer",
+                )
             task_id = _field(row, config.id_field) if config.id_field else None
             task_id = str(task_id) if task_id not in (None, _MISSING) else fallback_id
             if task_id in seen:
@@ -186,13 +186,13 @@ class _TableTasks(Dataset):
         config: TaskColumns = self.config
         messages: list[Message] = []
         if config.messages_field:
-            value = _field(row, config.messages_field)
-            if value is _MISSING:
-                raise ConfigError(
-                    f"{where}: no field {config.messages_field!r} (fields: {_fields(row)}); set "
-                    "data.messages_field to the field that holds the chat messages",
-                    path="data.messages_field",
-                )
+            value = _required_field(
+                row,
+                where,
+                "messages_field",
+                config.messages_field,
+                "set data.messages_field to the field that holds the chat messages",
+            )
             if not _is_message_list(value):
                 raise ConfigError(
                     f"{where}: field {config.messages_field!r} must hold a list of chat messages "
@@ -211,13 +211,13 @@ class _TableTasks(Dataset):
                     )
                 messages.insert(0, {"role": "system", "content": config.system_prompt})
             return messages
-        question = _field(row, config.question_field)
-        if question is _MISSING:
-            raise ConfigError(
-                f"{where}: no field {config.question_field!r} (fields: {_fields(row)}); "
-                "set data.question_field to the field that holds the question",
-                path="data.question_field",
-            )
+        question = _required_field(
+            row,
+            where,
+            "question_field",
+            config.question_field,
+            "set data.question_field to the field that holds the question",
+        )
         if _is_message_list(question):
             raise ConfigError(
                 f"{where}: field {config.question_field!r} holds chat messages, not a question; set "
@@ -253,6 +253,17 @@ def _field(row: Mapping[str, Any], name: str) -> Any:
 
 def _fields(row: Mapping[str, Any]) -> str:
     return ", ".join(sorted(str(k) for k in row))
+
+
+def _required_field(row: Mapping[str, Any], where: str, option: str, name: str, advice: str) -> Any:
+    """:func:`_field` ``name``, which the ``data.<option>`` setting names; a row without it is a
+    :class:`ConfigError` saying where, which fields the row has, and ``advice``."""
+    value = _field(row, name)
+    if value is _MISSING:
+        raise ConfigError(
+            f"{where}: no field {name!r} (fields: {_fields(row)}); {advice}", path=f"data.{option}"
+        )
+    return value
 
 
 def _is_message_list(value: Any) -> bool:

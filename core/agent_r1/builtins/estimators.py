@@ -18,7 +18,7 @@ trajectory score ``s_i`` (all weighted rewards, process ones included) and broad
 the trajectory's policy tokens.
 
 Group statistics are computed in float64 whatever the batch's dtype, and the results are cast back
-to it. A group whose scores are all equal (:data:`~agent_r1.engine.loss_utils.FLAT_GROUP_RTOL`) gets
+to it. A group whose scores are all equal (:data:`~agent_r1.engine.learner.loss_utils.FLAT_GROUP_RTOL`) gets
 exactly 0, as does a group of one. An episode without any action turn (the environment or a budget
 ended it before the policy acted) has no tokens to train and is left out of its group's
 statistics, so it cannot move the others' advantages.
@@ -36,13 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, ComponentConfig
-from agent_r1.engine.loss_utils import FLAT_GROUP_RTOL, GroupStats, index_stats, masked_whiten
+from agent_r1.engine.learner.loss_utils import FLAT_GROUP_RTOL, GroupStats, index_stats, masked_whiten
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -84,7 +84,7 @@ def group_stats(
     scores: torch.Tensor, group_ids: Sequence[str], members: torch.Tensor | None = None
 ) -> GroupStats:
     """Per-trajectory statistics of its group, all ``[B]`` float64 (see
-    :func:`~agent_r1.engine.loss_utils.index_stats`); ``members`` ``[B]`` bool leaves trajectories
+    :func:`~agent_r1.engine.learner.loss_utils.index_stats`); ``members`` ``[B]`` bool leaves trajectories
     out of the statistics."""
     index, num_groups = group_index(group_ids, scores.device)
     return index_stats(scores, index, num_groups, members)
@@ -198,8 +198,8 @@ def turn_table(batch: AdvantageInput, estimator: str) -> TurnTable:
     if turn_ids is None:
         raise ValueError(
             f"advantage estimator {estimator!r} needs AdvantageInput.turn_ids (the turn of each policy "
-            "token, -1 elsewhere); the trainer fills it, and agent_r1.engine.turns.turn_ids builds it "
-            "from trajectories when you call the estimator yourself"
+            "token, -1 elsewhere); the trainer fills it, and agent_r1.engine.learner.turns.turn_ids builds "
+            "it from trajectories when you call the estimator yourself"
         )
     if turn_ids.shape != mask.shape or turn_ids.dtype not in (torch.int64, torch.int32):
         raise ValueError(
@@ -366,7 +366,70 @@ class ReinforcePP(AdvantageEstimator):
 # --------------------------------------------------------------------------------------------
 
 
-class GRPOEstimator(AdvantageEstimator):
+def _turn_level_option(compared_with: str) -> Any:
+    """The ``turn_level`` option of ``grpo`` and ``rloo``: each turn's return ``compared_with`` the
+    group's returns at the same turn position."""
+    return Field(
+        False,
+        description=f"one advantage per action turn: the turn's discounted return {compared_with} "
+        "at the same turn position",
+    )
+
+
+class _TurnLevelConfig(ComponentConfig):
+    """Options with ``turn_level`` and ``gamma`` (declared by each subclass, in its own order)."""
+
+    if TYPE_CHECKING:
+        turn_level: bool
+        gamma: float
+
+    @model_validator(mode="after")
+    def _gamma_needs_turns(self) -> _TurnLevelConfig:
+        _check_gamma(self.gamma, self.turn_level)
+        return self
+
+
+class _GroupBaseline(AdvantageEstimator):
+    """What ``grpo`` and ``rloo`` share: a score per trajectory against the others of its group,
+    broadcast to the policy tokens, or with ``turn_level`` a return per action turn against the
+    group's returns at the same turn position. Subclasses give :meth:`_centred` and
+    :meth:`_turn_options`."""
+
+    config: Any
+
+    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        self._metrics: dict[str, float] = {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """With ``turn_level``: ``turn_level/lone_turn_share``, the share of action turns alone at
+        their turn position in their group (advantage 0)."""
+        return dict(self._metrics)
+
+    def _centred(self, scores: torch.Tensor, acted: torch.Tensor, stats: GroupStats) -> torch.Tensor:
+        """The advantage ``[B]`` float64 of each trajectory from its score and its group's
+        statistics (``acted``: the trajectories in the statistics)."""
+        raise NotImplementedError
+
+    def _turn_options(self) -> tuple[Literal["grpo", "rloo"], str, float]:
+        """``(baseline, scale, eps)`` of :func:`_turn_level_advantages`."""
+        raise NotImplementedError
+
+    def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_input(batch)
+        if self.config.turn_level:
+            advantages, self._metrics = _turn_level_advantages(
+                batch, self.name, self.config.gamma, *self._turn_options()
+            )
+            return advantages, advantages.clone()
+        scores = batch.scores.double()  # [B]
+        acted = acted_rows(batch)  # [B]
+        stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+        advantages = _broadcast(self._centred(scores, acted, stats).to(batch.scores.dtype), batch.loss_mask)
+        return advantages, advantages.clone()
+
+
+class GRPOEstimator(_GroupBaseline):
     """Group-relative advantage (Shao et al. 2024, "DeepSeekMath"):
     ``A_i = (s_i − mean_g) / (std_g + ε)`` with the unbiased group std, broadcast to the policy
     tokens. ``scale="batch"`` divides by the std of all scores in the batch instead (group mean,
@@ -379,55 +442,29 @@ class GRPOEstimator(AdvantageEstimator):
 
     name = "grpo"
 
-    class Config(ComponentConfig):
+    class Config(_TurnLevelConfig):
         scale: Literal["group", "batch", "none"] = Field(
             "group", description="divide by the group std, the batch std, or nothing (Dr.GRPO)"
         )
         eps: float = Field(1e-6, gt=0.0, description="added to the std before dividing")
-        turn_level: bool = Field(
-            False,
-            description="one advantage per action turn: the turn's discounted return against the group's "
-            "returns at the same turn position",
-        )
+        turn_level: bool = _turn_level_option("against the group's returns")
         gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per action turn (turn_level only)")
-
-        @model_validator(mode="after")
-        def _gamma_needs_turns(self) -> GRPOEstimator.Config:
-            _check_gamma(self.gamma, self.turn_level)
-            return self
 
     config: Config
 
-    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
-        super().__init__(config)
-        self._metrics: dict[str, float] = {}
-
-    def step_metrics(self) -> dict[str, float]:
-        """With ``turn_level``: ``turn_level/lone_turn_share``, the share of action turns alone at
-        their turn position in their group (advantage 0)."""
-        return dict(self._metrics)
-
-    def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_input(batch)
-        if self.config.turn_level:
-            cfg = self.config
-            advantages, self._metrics = _turn_level_advantages(
-                batch, self.name, cfg.gamma, "grpo", cfg.scale, cfg.eps
-            )
-            return advantages, advantages.clone()
-        scores = batch.scores.double()  # [B]
-        acted = acted_rows(batch)  # [B]
-        stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+    def _centred(self, scores: torch.Tensor, acted: torch.Tensor, stats: GroupStats) -> torch.Tensor:
         centred = torch.where(informative(stats, acted), scores - stats.mean, 0.0)  # [B]
         if self.config.scale == "group":
             centred = centred / (stats.std + self.config.eps)
         elif self.config.scale == "batch":
             centred = centred / (_batch_std(scores, acted) + self.config.eps)
-        advantages = _broadcast(centred.to(batch.scores.dtype), batch.loss_mask)
-        return advantages, advantages.clone()
+        return centred
+
+    def _turn_options(self) -> tuple[Literal["grpo", "rloo"], str, float]:
+        return "grpo", self.config.scale, self.config.eps
 
 
-class RLOO(AdvantageEstimator):
+class RLOO(_GroupBaseline):
     """REINFORCE leave-one-out (Ahmadian et al. 2024, "Back to Basics"): ``A_i = s_i −`` the mean
     score of the other G−1 trajectories of the group, broadcast to the policy tokens. A group of
     one gets A = 0. ``returns`` equal the advantages. ``turn_level``: the same per action turn, on
@@ -435,43 +472,18 @@ class RLOO(AdvantageEstimator):
 
     name = "rloo"
 
-    class Config(ComponentConfig):
-        turn_level: bool = Field(
-            False,
-            description="one advantage per action turn: the turn's discounted return minus the mean "
-            "return of the group's other trajectories at the same turn position",
-        )
+    class Config(_TurnLevelConfig):
+        turn_level: bool = _turn_level_option("minus the mean return of the group's other trajectories")
         gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount per action turn (turn_level only)")
-
-        @model_validator(mode="after")
-        def _gamma_needs_turns(self) -> RLOO.Config:
-            _check_gamma(self.gamma, self.turn_level)
-            return self
 
     config: Config
 
-    def __init__(self, config: ComponentConfig | Mapping[str, Any] | None = None) -> None:
-        super().__init__(config)
-        self._metrics: dict[str, float] = {}
-
-    def step_metrics(self) -> dict[str, float]:
-        """With ``turn_level``: ``turn_level/lone_turn_share`` (see :class:`GRPOEstimator`)."""
-        return dict(self._metrics)
-
-    def compute(self, batch: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_input(batch)
-        if self.config.turn_level:
-            advantages, self._metrics = _turn_level_advantages(
-                batch, self.name, self.config.gamma, "rloo", "none", 1.0
-            )
-            return advantages, advantages.clone()
-        scores = batch.scores.double()  # [B]
-        acted = acted_rows(batch)  # [B]
-        stats = group_stats(scores, batch.group_ids, acted)  # [B] each
+    def _centred(self, scores: torch.Tensor, acted: torch.Tensor, stats: GroupStats) -> torch.Tensor:
         others_mean = (stats.total - scores) / (stats.count - 1).clamp(min=1)
-        per_sequence = torch.where(informative(stats, acted), scores - others_mean, 0.0)  # [B]
-        advantages = _broadcast(per_sequence.to(batch.scores.dtype), batch.loss_mask)
-        return advantages, advantages.clone()
+        return torch.where(informative(stats, acted), scores - others_mean, 0.0)
+
+    def _turn_options(self) -> tuple[Literal["grpo", "rloo"], str, float]:
+        return "rloo", "none", 1.0
 
 
 class ReinforcePPBaseline(AdvantageEstimator):

@@ -12,12 +12,12 @@ of one task (a group g):
   rewards on the tokens of turn m (process rewards of that turn; the outcome lands on the last
   turn). The turns of one group that start from the same anchor state (equal keys in
   :attr:`AdvantageInput.anchor_keys <agent_r1.contracts.AdvantageInput.anchor_keys>`, see
-  :mod:`agent_r1.engine.turns`) form a step group S, whatever their turn number, and
+  :mod:`agent_r1.engine.learner.turns`) form a step group S, whatever their turn number, and
   ``A^S_{i,j} = (R_{i,j} − mean_S(R)) / F_S``; a step group of one gets 0;
 * **combined** (Eq. 8): every policy token of turn j gets ``A^E_i + ω·A^S_{i,j}``.
 
 Both levels compute their statistics in float64 and give exactly 0 to a group whose values are all
-equal (:data:`~agent_r1.engine.loss_utils.FLAT_GROUP_RTOL`); an episode without any action turn is
+equal (:data:`~agent_r1.engine.learner.loss_utils.FLAT_GROUP_RTOL`); an episode without any action turn is
 left out of its episode group.
 
 Differences from verl-agent, where each turn is its own batch row: there the episode mean and std
@@ -45,7 +45,7 @@ from agent_r1.builtins.estimators import (
     turn_table,
 )
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, ComponentConfig
-from agent_r1.engine.loss_utils import masked_mean
+from agent_r1.engine.learner.loss_utils import masked_mean
 
 __all__ = ["GiGPO", "step_groups"]
 
@@ -62,7 +62,7 @@ def step_groups(
         if turn >= len(keys) or not keys[turn]:
             raise ValueError(
                 f"AdvantageInput.anchor_keys[{row}] has no key for turn {turn}: give one non-empty key per "
-                "turn number of the trajectory (agent_r1.engine.turns.anchor_keys builds them)"
+                "turn number of the trajectory (agent_r1.engine.learner.turns.anchor_keys builds them)"
             )
         index.append(dense.setdefault((group_ids[row], keys[turn]), len(dense)))
     return torch.tensor(index, dtype=torch.long, device=rows.device), len(dense)
@@ -116,7 +116,7 @@ class GiGPO(AdvantageEstimator):
         if batch.anchor_keys is None or len(batch.anchor_keys) != batch.loss_mask.shape[0]:
             raise ValueError(
                 "advantage estimator 'gigpo' needs AdvantageInput.anchor_keys, one list of keys per "
-                "trajectory (the trainer fills it; agent_r1.engine.turns.anchor_keys builds it)"
+                "trajectory (the trainer fills it; agent_r1.engine.learner.turns.anchor_keys builds it)"
             )
         mask = batch.loss_mask  # [B, T]
 

@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from agent_r1.contracts import ComponentConfig, Generation, RolloutBackend, SamplingParams
-from agent_r1.engine.kv import with_cache
 from agent_r1.errors import AgentR1Error
+from agent_r1.models.kv import with_cache
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -64,6 +64,23 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["STEP_METRICS", "HFBackend", "sample_tokens"]
 
 _GIB = float(1 << 30)
+
+CALL_STATS = (
+    "prompts",
+    "prefill_rows",
+    "prefill_tokens",
+    "shared_prefix_tokens",
+    "reused_rows",
+    "reused_prefix_tokens",
+    "kept_rows",
+    "kept_gib",
+    "kv_cap_skipped_rows",
+    "generated_tokens",
+    "forward_passes",
+    "prefill_seconds",
+    "decode_seconds",
+)
+"""Figures of one ``generate`` call (``HFBackend.last_stats``; ``seconds`` is added at the end)."""
 
 STEP_METRICS: dict[str, str] = {
     "time/generate_prefill_s": "seconds of the hf backend's prefill passes (reused caches assembled, "
@@ -206,8 +223,8 @@ class HFBackend(RolloutBackend):
 
     # -- setup ----------------------------------------------------------------------------------
     def _find_stop_token_ids(self) -> set[int]:
-        """Token ids that end a turn (see :func:`agent_r1.engine.chat.turn_stop_token_ids`)."""
-        from agent_r1.engine.chat import turn_stop_token_ids
+        """Token ids that end a turn (see :func:`agent_r1.rollout.chat.turn_stop_token_ids`)."""
+        from agent_r1.rollout.chat import turn_stop_token_ids
 
         return turn_stop_token_ids(
             self.tokenizer,
@@ -242,14 +259,10 @@ class HFBackend(RolloutBackend):
         return figures
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        *,
-        max_new_tokens: Sequence[int] | None = None,
+    def _generate_within(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
-        """Sample one continuation per prompt.
+        """Sample one continuation per prompt (:meth:`generate`).
 
         ``max_new_tokens`` optionally caps each row separately (the rollout engine passes the room
         left in each trajectory's context); the effective budget of a row is the smaller of it and
@@ -259,33 +272,10 @@ class HFBackend(RolloutBackend):
         import torch
 
         started = time.perf_counter()
-        if max_new_tokens is not None and len(max_new_tokens) != len(prompts):
-            raise ValueError(f"got {len(max_new_tokens)} token budgets for {len(prompts)} prompts")
-        budgets = [
-            min(sampling.max_new_tokens, int(max_new_tokens[i]) if max_new_tokens is not None else 1 << 62)
-            for i in range(len(prompts))
-        ]
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty: the backend needs at least one token to condition on")
-        self.last_stats = dict.fromkeys(
-            (
-                "prompts",
-                "prefill_rows",
-                "prefill_tokens",
-                "shared_prefix_tokens",
-                "reused_rows",
-                "reused_prefix_tokens",
-                "kept_rows",
-                "kept_gib",
-                "kv_cap_skipped_rows",
-                "generated_tokens",
-                "forward_passes",
-                "prefill_seconds",
-                "decode_seconds",
-            ),
-            0.0,
-        )
+        self.last_stats = dict.fromkeys(CALL_STATS, 0.0)
         self.last_stats["prompts"] = float(len(prompts))
         rows = [_Row(i, tuple(int(t) for t in prompts[i]), budgets[i], [], []) for i in range(len(prompts))]
         for row in rows:
@@ -319,16 +309,7 @@ class HFBackend(RolloutBackend):
         finally:
             if was_training:
                 self.model.train()
-        self.last_stats["seconds"] = time.perf_counter() - started
-        self.last_stats["kept_rows"] = float(len(self._kept))
-        self.last_stats["kept_gib"] = self._kept_bytes / _GIB
-        totals, stats = self._totals, self.last_stats
-        totals["time/generate_prefill_s"] += stats["prefill_seconds"]
-        totals["time/generate_decode_s"] += stats["decode_seconds"]
-        totals["rollout/prefill_tokens"] += stats["prefill_tokens"]
-        totals["rollout/reused_prefix_tokens"] += stats["reused_prefix_tokens"]
-        totals["rollout/shared_prefix_tokens"] += stats["shared_prefix_tokens"]
-        totals["rollout/kv_cap_skipped_rows"] += stats["kv_cap_skipped_rows"]
+        self._add_call_stats(time.perf_counter() - started)
         return [
             Generation(
                 token_ids=row.token_ids,
@@ -338,6 +319,20 @@ class HFBackend(RolloutBackend):
             )
             for row in rows
         ]
+
+    def _add_call_stats(self, seconds: float) -> None:
+        """Finish this call's ``last_stats`` and add them to the step totals."""
+        stats = self.last_stats
+        stats["seconds"] = seconds
+        stats["kept_rows"] = float(len(self._kept))
+        stats["kept_gib"] = self._kept_bytes / _GIB
+        totals = self._totals
+        totals["time/generate_prefill_s"] += stats["prefill_seconds"]
+        totals["time/generate_decode_s"] += stats["decode_seconds"]
+        totals["rollout/prefill_tokens"] += stats["prefill_tokens"]
+        totals["rollout/reused_prefix_tokens"] += stats["reused_prefix_tokens"]
+        totals["rollout/shared_prefix_tokens"] += stats["shared_prefix_tokens"]
+        totals["rollout/kv_cap_skipped_rows"] += stats["kv_cap_skipped_rows"]
 
     def _chunks(self, rows: list[_Row]) -> list[_Chunk]:
         """Split rows (in order) into chunks of at most ``max_batch_size``; in each chunk, find the

@@ -2,7 +2,7 @@
 
 Each returns a per-token loss ``[B, T]`` (0 outside ``loss_mask``) and per-token diagnostics
 (detached ``[B, T]`` floats). Aggregation over the optimizer batch is the framework's job
-(:func:`agent_r1.engine.loss_utils.aggregate`), so these plugins never normalise.
+(:func:`agent_r1.engine.learner.loss_utils.aggregate`), so these plugins never normalise.
 
 Diagnostics: ``clipped`` is 1 where the clip removed the token's gradient (PPO, GSPO) or bounded
 its importance weight (CISPO); ``dual_clipped`` (PPO only) is 1 where the dual clip capped the
@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 from agent_r1.contracts import ComponentConfig, LossInput, PolicyLoss
-from agent_r1.engine.loss_utils import LOG_RATIO_BOUND, masked_mean
+from agent_r1.engine.learner.loss_utils import LOG_RATIO_BOUND, masked_mean
 
 
 def _check_input(inputs: LossInput) -> None:
@@ -35,6 +35,13 @@ def _log_ratio(inputs: LossInput) -> torch.Tensor:
     """``logπθ − logπold`` ``[B, T]``, 0 off the mask and clamped to ±20 so ``exp`` cannot overflow."""
     log_ratio = inputs.logprobs - inputs.old_logprobs.detach()
     return torch.where(inputs.loss_mask, log_ratio, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
+
+def _loss_terms(inputs: LossInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The checked inputs' ``loss_mask`` ``[B, T]`` bool, detached ``advantages`` ``[B, T]`` and
+    :func:`_log_ratio` ``[B, T]``: where every loss starts."""
+    _check_input(inputs)
+    return inputs.loss_mask, inputs.advantages.detach(), _log_ratio(inputs)
 
 
 def _diagnostics(
@@ -82,10 +89,7 @@ class PPOClip(PolicyLoss):
     config: Config
 
     def token_loss(self, inputs: LossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        _check_input(inputs)
-        mask = inputs.loss_mask  # [B, T] bool
-        advantages = inputs.advantages.detach()  # [B, T]
-        log_ratio = _log_ratio(inputs)  # [B, T]
+        mask, advantages, log_ratio = _loss_terms(inputs)  # [B, T] each
         ratio = torch.exp(log_ratio)  # [B, T]
         loss, clipped = _clipped_surrogate(ratio, advantages, self.config.clip_low, self.config.clip_high)
         dual = torch.zeros_like(mask)  # [B, T] bool
@@ -119,10 +123,7 @@ class GSPO(PolicyLoss):
     config: Config
 
     def token_loss(self, inputs: LossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        _check_input(inputs)
-        mask = inputs.loss_mask  # [B, T] bool
-        advantages = inputs.advantages.detach()  # [B, T]
-        log_ratio = _log_ratio(inputs)  # [B, T]
+        mask, advantages, log_ratio = _loss_terms(inputs)  # [B, T] each
         sequence_log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1)  # [B, 1]
         token_log_ratio = sequence_log_ratio.detach() + inputs.logprobs - inputs.logprobs.detach()  # [B, T]
         token_log_ratio = torch.where(mask, token_log_ratio, 0.0).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
@@ -150,10 +151,7 @@ class CISPO(PolicyLoss):
     config: Config
 
     def token_loss(self, inputs: LossInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        _check_input(inputs)
-        mask = inputs.loss_mask  # [B, T] bool
-        advantages = inputs.advantages.detach()  # [B, T]
-        log_ratio = _log_ratio(inputs)  # [B, T]
+        mask, advantages, log_ratio = _loss_terms(inputs)  # [B, T] each
         ratio = torch.exp(log_ratio).detach()  # [B, T]
         lower, upper = 1.0 - self.config.clip_low, 1.0 + self.config.clip_high
         weight = ratio.clamp(lower, upper)  # [B, T], no gradient

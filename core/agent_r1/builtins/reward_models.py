@@ -122,7 +122,8 @@ def _reference(task: Task) -> str:
 def _model_problems(path: str, *, shaper: str, classifier: bool) -> list[str]:
     """What is wrong with ``path`` as this shaper's model, read from its files only (for preflight:
     no weights are loaded, nothing is created)."""
-    from agent_r1.engine.models import find_bundled_model, tokenizer_problems, weight_problems
+    from agent_r1.models.bundled import find_bundled_model
+    from agent_r1.models.paths import tokenizer_problems, weight_problems
 
     directory = Path(path).expanduser()
     if not directory.is_dir():
@@ -158,12 +159,21 @@ def _model_problems(path: str, *, shaper: str, classifier: bool) -> list[str]:
 
 
 def _device(spec: str, shaper: str) -> torch.device:
-    from agent_r1.engine.models import pick_device
+    from agent_r1.models.loading import pick_device
 
     try:
         return pick_device(spec)
     except ConfigError as exc:
         raise ConfigError(f"reward shaper {shaper!r}, option device: {exc}") from None
+
+
+def _load_device(config: Any, shaper: str, *, classifier: bool) -> torch.device:
+    """The device to load the model of ``config`` (``path``, ``device``) on, once its directory
+    passed :func:`_model_problems` (an :class:`AgentR1Error` lists every problem otherwise)."""
+    problems = _model_problems(config.path, shaper=shaper, classifier=classifier)
+    if problems:
+        raise AgentR1Error("; ".join(problems))
+    return _device(config.device, shaper)
 
 
 def _torch_dtype(name: Dtype) -> torch.dtype:
@@ -257,12 +267,9 @@ class RewardModelShaper(RewardShaper):
             return
         from transformers import AutoModelForSequenceClassification
 
-        from agent_r1.engine.models import load_tokenizer
+        from agent_r1.models.loading import load_tokenizer
 
-        problems = _model_problems(self.config.path, shaper=self.name, classifier=True)
-        if problems:
-            raise AgentR1Error("; ".join(problems))
-        device = _device(self.config.device, self.name)
+        device = _load_device(self.config, self.name, classifier=True)
         tokenizer = load_tokenizer(self.config.path)
         if self.config.render == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
@@ -512,12 +519,9 @@ class LLMJudge(RewardShaper):
             return
         from agent_r1.builtins.hf_backend import HFBackend
         from agent_r1.config import ModelConfig
-        from agent_r1.engine.models import load_policy
+        from agent_r1.models.loading import load_policy
 
-        problems = _model_problems(self.config.path, shaper=self.name, classifier=False)
-        if problems:
-            raise AgentR1Error("; ".join(problems))
-        device = _device(self.config.device, self.name)
+        device = _load_device(self.config, self.name, classifier=False)
         model, tokenizer = load_policy(
             ModelConfig(path=self.config.path, dtype=self.config.dtype, device=str(device)), device=device
         )

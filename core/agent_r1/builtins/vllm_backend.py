@@ -180,7 +180,7 @@ class VLLMBackend(RolloutBackend):
     # -- setup ----------------------------------------------------------------------------------
     def _find_stop_token_ids(self, model: Any) -> set[int]:
         """The same end-of-turn set as the ``hf`` backend."""
-        from agent_r1.engine.chat import turn_stop_token_ids
+        from agent_r1.rollout.chat import turn_stop_token_ids
 
         return turn_stop_token_ids(
             self.tokenizer,
@@ -341,14 +341,10 @@ class VLLMBackend(RolloutBackend):
         return dict(self.sync_stats)
 
     # -- generation -----------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        *,
-        max_new_tokens: Sequence[int] | None = None,
+    def _generate_within(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
-        """Sample one continuation per prompt, all prompts in one engine call.
+        """Sample one continuation per prompt (:meth:`generate`), all prompts in one engine call.
 
         ``max_new_tokens`` optionally caps each row separately; the effective budget of a row is the
         smaller of it and ``sampling.max_new_tokens`` (and of the room left in ``max_model_len``). A
@@ -359,8 +355,6 @@ class VLLMBackend(RolloutBackend):
         from vllm.inputs import TokensPrompt
 
         started = time.perf_counter()
-        if max_new_tokens is not None and len(max_new_tokens) != len(prompts):
-            raise ValueError(f"got {len(max_new_tokens)} token budgets for {len(prompts)} prompts")
         limit = self.config.max_model_len
         results: list[Generation | None] = [None] * len(prompts)
         requests: list[Any] = []
@@ -375,11 +369,7 @@ class VLLMBackend(RolloutBackend):
                     f"a prompt of {len(prompt)} tokens does not fit rollout.backend.max_model_len={limit}; "
                     "raise it to at least rollout.max_context"
                 )
-            budget = min(
-                sampling.max_new_tokens,
-                int(max_new_tokens[i]) if max_new_tokens is not None else sampling.max_new_tokens,
-                limit - len(prompt),
-            )
+            budget = min(budgets[i], limit - len(prompt))
             if budget <= 0:
                 results[i] = Generation(token_ids=[], logprobs=[], finish_reason="length")
                 continue

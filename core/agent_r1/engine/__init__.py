@@ -14,43 +14,34 @@ Names are imported on first use, so ``import agent_r1.engine`` stays light.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent_r1 import _lazy, _moved
 
-_EXPORTS: dict[str, str] = {
-    "Session": "agent_r1.engine.session",
-    "TaskStream": "agent_r1.engine.session",
-    "build_session": "agent_r1.engine.session",
-    "rollout": "agent_r1.engine.collect",
-    "score": "agent_r1.engine.collect",
-    "micro_loss": "agent_r1.engine.update",
-    "train_step": "agent_r1.engine.trainer",
-    "StepResult": "agent_r1.engine.trainer",
-    "RolloutEngine": "agent_r1.engine.rollout",
-    "ChatRenderer": "agent_r1.engine.chat",
-    "TrainBatch": "agent_r1.engine.batch",
-    "collate": "agent_r1.engine.batch",
-    "policy_forward": "agent_r1.engine.batch",
-    "ValueHead": "agent_r1.engine.critic",
-    "state_values": "agent_r1.engine.critic",
-    "Normalizer": "agent_r1.engine.loss_utils",
-    "aggregate": "agent_r1.engine.loss_utils",
-    "kl_penalty": "agent_r1.engine.loss_utils",
-    "masked_mean": "agent_r1.engine.loss_utils",
-    "masked_sum": "agent_r1.engine.loss_utils",
-    "masked_var": "agent_r1.engine.loss_utils",
-    "masked_whiten": "agent_r1.engine.loss_utils",
-    "batch_metrics": "agent_r1.engine.stats",
-    "summarize_eval": "agent_r1.engine.evaluation",
+_moved.install()  # the old paths of modules that moved (agent_r1.engine.learner.batch, ...) keep working
+
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
+    "agent_r1.engine.session": ("Session", "TaskStream", "build_session"),
+    "agent_r1.engine.collect": ("rollout", "score"),
+    "agent_r1.engine.update": ("micro_loss",),
+    "agent_r1.engine.trainer": ("train_step", "StepResult"),
+    "agent_r1.rollout.loop": ("RolloutEngine",),
+    "agent_r1.rollout.chat": ("ChatRenderer",),
+    "agent_r1.engine.learner.batch": ("TrainBatch", "collate", "policy_forward"),
+    "agent_r1.engine.learner.critic": ("ValueHead", "state_values"),
+    "agent_r1.engine.learner.loss_utils": (
+        "Normalizer",
+        "aggregate",
+        "kl_penalty",
+        "masked_mean",
+        "masked_sum",
+        "masked_var",
+        "masked_whiten",
+    ),
+    "agent_r1.engine.reports.stats": ("batch_metrics",),
+    "agent_r1.engine.reports.evaluation": ("summarize_eval",),
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'agent_r1.engine' has no attribute {name!r}")
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__ = _lazy.lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

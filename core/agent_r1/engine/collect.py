@@ -20,18 +20,16 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import TypeVar
 
 import torch
 
-from agent_r1.engine.loss_utils import scores_all_equal
+from agent_r1.engine.dist import all_gather
+from agent_r1.engine.learner.loss_utils import scores_all_equal
 from agent_r1.engine.session import Session
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import RewardSignal, Task, Trajectory
 
 __all__ = ["all_gather", "collect", "flat_groups", "rollout", "rollout_all", "score", "step_seed"]
-
-T = TypeVar("T")
 
 
 def step_seed(session: Session, step: int, round_: int = 0) -> int:
@@ -51,28 +49,22 @@ def rollout(
 ) -> list[Trajectory]:
     """Roll out ``tasks`` (each ``group_size`` times) with the current policy, then score them.
     ``progress`` labels a progress bar of finished episodes (main process only)."""
-    from agent_r1.engine.progress import EpisodeProgress
+    from agent_r1.engine.reports.progress import EpisodeProgress
 
+    assert session.source is not None
     session.unwrapped.eval()
-    with EpisodeProgress(progress or "", enabled=progress is not None and session.is_main) as bar:
-        if session.config.rollout.source == "gateway":  # the user's agent program, via the gateway
-            from agent_r1.gateway.training import gateway_rollout
-
-            trajectories: list[Trajectory] = gateway_rollout(
-                session,
-                tasks,
-                group_size,
-                seed=seed,
-                temperature=temperature,
-                salt=salt,
-                on_progress=bar.update,
-            )
-        else:
-            engine = session.rollout_engine(temperature=temperature, on_progress=bar.update)
-            with torch.no_grad():
-                trajectories = engine.collect(
-                    tasks, group_size, seed=seed, policy_version=session.step, group_salt=salt
-                )
+    enabled = progress is not None and session.is_main
+    with EpisodeProgress(progress or "", enabled=enabled) as bar, torch.no_grad():
+        trajectories = session.source.rollout(
+            tasks,
+            group_size,
+            seed=seed,
+            temperature=temperature,
+            salt=salt,
+            policy_version=session.step,
+            decoding=session.decoding or session.config.rollout.decoding,
+            on_progress=bar.update,
+        )
     started = time.perf_counter()
     score(session, trajectories, {t.id: t for t in tasks})
     elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
@@ -103,16 +95,6 @@ def rollout_all(
         progress=progress,
     )
     return all_gather(session, mine)
-
-
-def all_gather(session: Session, local: list[T]) -> list[T]:
-    """Every process's items (trajectories...), in rank order, on every process."""
-    if session.world == 1:
-        return list(local)
-    from accelerate.utils import gather_object
-
-    gathered: list[T] = gather_object(local)
-    return gathered
 
 
 def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> None:
@@ -158,10 +140,8 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
     config = session.config
     group_size, temperature = config.rollout.group_size, config.rollout.temperature
     started = time.perf_counter()
-    if config.rollout.source == "gateway":
-        from agent_r1.gateway.training import take_gateway_metrics
-
-        take_gateway_metrics(session)  # drop the figures of evaluation rollouts since the last step
+    assert session.source is not None
+    session.source.step_metrics()  # drop the figures of evaluation rollouts since the last step
     tasks = _my_tasks(session)
     seen = {t.id: t for t in tasks}
     trajectories = rollout(
@@ -215,10 +195,7 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
             trajectory.metrics["baseline_score"] = baseline[trajectory.task_id]
         metrics["reward/baseline_score_mean"] = sum(baseline.values()) / max(len(baseline), 1)
 
-    if config.rollout.source == "gateway":
-        from agent_r1.gateway.training import take_gateway_metrics
-
-        metrics.update(take_gateway_metrics(session))  # gateway/...: this step's rollouts only
+    metrics.update(session.source.step_metrics())  # e.g. gateway/...: this step's rollouts only
     metrics["time/rollout_s"] = time.perf_counter() - started
     return trajectories, failed, metrics
 
@@ -226,7 +203,7 @@ def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Traject
 def flat_groups(trajectories: Sequence[Trajectory]) -> set[str]:
     """Groups of more than one trajectory whose advantages are zero under the group estimators:
     the scores of the episodes that acted are all equal
-    (:func:`~agent_r1.engine.loss_utils.scores_all_equal`, the estimators' definition), and an
+    (:func:`~agent_r1.engine.learner.loss_utils.scores_all_equal`, the estimators' definition), and an
     episode without any action turn does not count (the estimators leave it out too)."""
     sizes: Counter[str] = Counter()
     scores: dict[str, list[float]] = defaultdict(list)

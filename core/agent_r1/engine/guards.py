@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from agent_r1.engine.batch import TrainBatch
+from agent_r1.engine.learner.batch import TrainBatch
 from agent_r1.errors import TrainingAborted
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -3,10 +3,11 @@
 :func:`build_session` is the only place that turns a validated :class:`~agent_r1.config.RunConfig`
 and its resolved components into live objects: accelerate, the policy, the reference model and the
 critic (when the algorithm needs them), the optimizer and scheduler (only when training), the task
-stream, the environment factory, the reward shapers, the rollout backend and the trackers. The
-training step (:mod:`agent_r1.engine.collect`, :mod:`agent_r1.engine.update`) is plain functions
-over a session; ``eval`` and ``rollout`` build a rollout-only session (``training=False``): no
-optimizer, no reference model, no critic.
+stream, the environment factory, the reward shapers, the rollout backend, the trackers and the
+reward-hacking alarms (:mod:`agent_r1.engine.reports.health`). The training step
+(:mod:`agent_r1.engine.collect`, :mod:`agent_r1.engine.update`) is plain functions over a session;
+``eval`` and ``rollout`` build a rollout-only session (``training=False``): no optimizer, no
+reference model, no critic.
 
 Component objects are built from the resolved components: the registry was visited once, during
 validation, and the algorithm preset's estimator and loss settings are already merged under the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,14 +31,16 @@ import torch
 from torch import nn
 
 from agent_r1.config import DecodingConfig, ModelConfig, ResolvedComponent, RunConfig
-from agent_r1.contracts import AdvantageEstimator, Environment, PolicyLoss, RewardShaper, SamplingParams
-from agent_r1.engine import checkpoint as ckpt
-from agent_r1.engine.chat import apply_chat_template_config
-from agent_r1.engine.critic import ValueHead
-from agent_r1.engine.loss_utils import AdaptiveKLController, FixedKLController
+from agent_r1.contracts import AdvantageEstimator, Environment, PolicyLoss, RewardShaper
+from agent_r1.engine.artifacts import checkpoint as ckpt
+from agent_r1.engine.learner.critic import ValueHead
+from agent_r1.engine.learner.loss_utils import AdaptiveKLController, FixedKLController
+from agent_r1.engine.reports.health import HealthMonitor
+from agent_r1.engine.source import EngineSource, RolloutSource
 from agent_r1.errors import AgentR1Error, ConfigError
 from agent_r1.mdp import Task
 from agent_r1.registry import Registry, get_registry
+from agent_r1.rollout.templates import apply_chat_template_config
 
 __all__ = ["Session", "TaskStream", "build_session", "seed_everything"]
 
@@ -121,6 +125,12 @@ class Session:
     gateway: Any = None
     """The policy gateway of ``rollout.source: gateway`` (started on the first rollout; see
     :mod:`agent_r1.gateway.training`), stopped by :meth:`close`."""
+    source: RolloutSource | None = None
+    """Where trajectories come from (:mod:`agent_r1.engine.source`), built once by
+    :func:`build_session`: the engine's own agent loop, or the source the caller passed."""
+    health: HealthMonitor | None = None
+    """The reward-hacking alarms of a training run (``health``; ``None`` when it is off or the
+    session does not train); the runner feeds it every step."""
 
     # -- processes -------------------------------------------------------------------------------
     @property
@@ -152,28 +162,21 @@ class Session:
     def rollout_engine(
         self, *, temperature: float, on_progress: Callable[[int, int], None] | None = None
     ) -> Any:
-        """A :class:`~agent_r1.engine.rollout.RolloutEngine` over this session's backend and
+        """A new :class:`~agent_r1.rollout.loop.RolloutEngine` over this session's backend and
         environments, sampling at ``temperature`` with the run's other rollout settings and
-        decoding strategy (:attr:`decoding`)."""
-        from agent_r1.engine.decoding import build_decoder
-        from agent_r1.engine.rollout import RolloutEngine
-
-        r = self.config.rollout
-        sampling = SamplingParams(
-            temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
+        decoding strategy (:attr:`decoding`). Deprecated: :attr:`source` holds one built once."""
+        warnings.warn(
+            "Session.rollout_engine() is deprecated (it goes in agent-r1 0.3.0): roll out through "
+            "session.source, built once with the session",
+            DeprecationWarning,
+            stacklevel=2,
         )
-        return RolloutEngine(
-            self.backend,
-            self.tokenizer,
-            self.env_factory,
-            max_turns=r.max_turns,
-            max_new_tokens=r.max_new_tokens,
-            max_context=r.max_context,
-            sampling=sampling,
-            on_env_error="end",  # a faulty environment step ends that episode (counted), not the run
-            on_progress=on_progress,
-            decoder=build_decoder(self, self.decoding or r.decoding, temperature),
-        )
+        source = EngineSource(self)  # a fresh one: its engine is the caller's to change
+        engine = source.engine
+        engine.sampling = source.sampling(temperature)
+        engine.decoder = source.decoder(self.decoding or self.config.rollout.decoding, temperature)
+        engine.on_progress = on_progress
+        return engine
 
     @contextmanager
     def decoding_as(self, decoding: DecodingConfig) -> Iterator[None]:
@@ -185,11 +188,10 @@ class Session:
             self.decoding = previous
 
     def close(self) -> None:
-        """Release what the session started outside this thread (the policy gateway's server and
-        generation worker). Idempotent; the runner calls it when a command ends."""
-        if self.gateway is not None:
-            self.gateway.stop()
-            self.gateway = None
+        """Release what the session started outside this thread (its rollout source's servers and
+        workers, e.g. the policy gateway). Idempotent; the run layer calls it when a command ends."""
+        if self.source is not None:
+            self.source.close()
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -206,6 +208,8 @@ class Session:
             "rng": ckpt.capture_rng(),
             "bad_steps": self.bad_updates,
         }
+        if self.health is not None:
+            state["health"] = self.health.state_dict()
         if self.value_head is not None:
             state["value_head"] = self.accelerator.unwrap_model(self.value_head).state_dict()
         if self.critic_model is not None:
@@ -225,6 +229,8 @@ class Session:
             self.stream.restore(state["data"])
             ckpt.restore_rng(state["rng"])
             self.bad_updates = int(state.get("bad_steps", 0))
+            if self.health is not None and "health" in state:  # older checkpoints: windows refill
+                self.health.load_state_dict(state["health"])
         if self.value_head is not None and "value_head" in state:
             self.accelerator.unwrap_model(self.value_head).load_state_dict(state["value_head"])
         if self.critic_model is not None and "critic_model" in state:
@@ -241,15 +247,19 @@ def build_session(
     registry: Registry | None = None,
     model: nn.Module | None = None,
     tokenizer: Any = None,
+    source: Callable[[Session], RolloutSource] | None = None,
 ) -> Session:
     """Build a :class:`Session` from a validated config and its resolved components.
 
     ``training=False`` builds what generation needs only (``eval``, ``rollout``). ``model`` and
-    ``tokenizer`` skip loading the policy (tests, embedders).
+    ``tokenizer`` skip loading the policy (tests, embedders). ``source`` builds the session's
+    rollout source from the finished session; by default the engine's own agent loop
+    (:class:`~agent_r1.engine.source.EngineSource`). ``rollout.source: gateway`` needs the
+    gateway's (``source=agent_r1.gateway.training.GatewaySource``), which the run layer passes.
     """
     from accelerate import Accelerator
 
-    from agent_r1.engine.models import load_policy, pick_device
+    from agent_r1.models.loading import load_policy, pick_device
 
     by_path = {c.path: c for c in components}
     seed_everything(config.seed)
@@ -260,7 +270,7 @@ def build_session(
 
     estimator = _build(by_path["algorithm.estimator"])
     needs_critic = training and bool(estimator.needs_critic or by_path["algorithm"].cls.needs_critic)
-    from agent_r1.engine.decoding import check_decoding
+    from agent_r1.engine.experimental.decoding import check_decoding
 
     # value-guided decoding needs the critic a training run trains: say so before loading
     check_decoding(config, has_critic=needs_critic if training else None)
@@ -290,12 +300,21 @@ def build_session(
     if training:
         _build_learner(session, accelerator, load_policy)
         session.stream = TaskStream(session.dataset.load("train"), config.seed)
+        if config.health.enabled:
+            session.health = HealthMonitor(config.health, eval_every=config.trainer.eval_every)
         if session.is_main:
             session.trackers = [_build(by_path[f"trackers[{i}]"]) for i in range(len(config.trackers))]
     else:
         session.model = accelerator.prepare(model)
     backend = by_path["rollout.backend"]
     session.backend = backend.cls(backend.config, model=session.unwrapped, tokenizer=tokenizer)
+    if source is None and config.rollout.source != "engine":
+        raise ConfigError(
+            f"rollout.source={config.rollout.source!r}: build_session needs that source's factory "
+            "(source=agent_r1.gateway.training.GatewaySource for the gateway); agent-r1's commands pass it",
+            path="rollout.source",
+        )
+    session.source = (source or EngineSource)(session)
     return session
 
 

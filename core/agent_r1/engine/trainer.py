@@ -4,8 +4,8 @@ Start reading here to follow a GRPO step: :func:`train_step` calls
 :func:`agent_r1.engine.collect.collect` (rollout, rewards, dynamic sampling) and
 :func:`agent_r1.engine.update.update` (advantages, loss, optimizer steps, weight sync). The session
 (:mod:`agent_r1.engine.session`) holds the objects both use; the runner
-(:mod:`agent_r1.engine.runner`) owns the run around the steps: run directory, evaluation,
-checkpoints, trackers, observer hooks and signals.
+(:mod:`agent_r1.run.training`) owns the run around the steps: run directory, evaluation,
+checkpoints, trackers, observer hooks, signals and the reward-hacking alarms.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from agent_r1.engine.collect import all_gather, collect
+from agent_r1.engine.reports.health import step_figures, trajectory_counts
 from agent_r1.engine.session import Session
 from agent_r1.engine.update import update
 from agent_r1.errors import TrainingAborted
@@ -38,6 +39,7 @@ def train_step(session: Session) -> StepResult:
     step = session.step
     trajectories, failed, metrics = collect(session, step)
     _check_failures(session, trajectories, failed, metrics)
+    metrics.update(_health_figures(session, trajectories))
     metrics.update(update(session, trajectories))
     metrics.update(session.backend.step_metrics())  # weight sync, sleep/wake figures
     metrics["time/step_s"] = time.perf_counter() - started
@@ -74,3 +76,13 @@ def _check_failures(
             "(its own error setting, e.g. a tool's timeout or a retriever's address), or raise "
             "trainer.max_error_rate to tolerate more."
         )
+
+
+def _health_figures(session: Session, kept: list[Trajectory]) -> dict[str, float]:
+    """The per-trajectory figures of the reward-hacking alarms (suspicious reward paths, reward
+    model against verifier), counted over every process's trained-on trajectories so that every
+    process judges the alarms alike (:mod:`agent_r1.engine.reports.health`); empty when ``health`` is off."""
+    config = session.config.health
+    if not config.enabled:
+        return {}
+    return step_figures(all_gather(session, [trajectory_counts(kept, config)]), config)

@@ -3,7 +3,7 @@
 :func:`update` is the whole learner of a training step:
 
 1. gather every process's trajectories (estimators see the whole batch) and pad this process's
-   rows into a :class:`~agent_r1.engine.batch.TrainBatch`;
+   rows into a :class:`~agent_r1.engine.learner.batch.TrainBatch`;
 2. no-grad passes: the old policy's log-probabilities (skipped when there is a single optimizer
    step, which reuses its own forward pass), the reference's (only when ``algorithm.kl.coef > 0``)
    and the critic's values (only when the algorithm needs a critic);
@@ -27,12 +27,15 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from agent_r1.contracts import AdvantageInput, LossInput
-from agent_r1.engine.batch import (
+from agent_r1.engine.dist import all_gather, gather_padded_rows, mean_across, sum_across
+from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
+from agent_r1.engine.learner.batch import (
     StepPrefix,
     TrainBatch,
     collate,
@@ -40,10 +43,8 @@ from agent_r1.engine.batch import (
     policy_forward,
     shared_prefix_length,
 )
-from agent_r1.engine.collect import all_gather
-from agent_r1.engine.critic import critic_values, no_grad_values, state_values
-from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
-from agent_r1.engine.loss_utils import (
+from agent_r1.engine.learner.critic import critic_values, no_grad_values, state_values
+from agent_r1.engine.learner.loss_utils import (
     Normalizer,
     aggregate,
     host_floats,
@@ -51,10 +52,10 @@ from agent_r1.engine.loss_utils import (
     masked_mean,
     mismatch_kl_tensors,
 )
-from agent_r1.engine.rollout_correction import correction_weights, ratio_stats_tensors
+from agent_r1.engine.learner.rollout_correction import correction_weights, ratio_stats_tensors
+from agent_r1.engine.learner.turns import anchor_keys, turn_ids
+from agent_r1.engine.reports.stats import batch_metrics, mean_metric, tensor_stats
 from agent_r1.engine.session import Session
-from agent_r1.engine.stats import batch_metrics, mean_metric, tensor_stats
-from agent_r1.engine.turns import anchor_keys, turn_ids
 from agent_r1.mdp import Trajectory
 
 __all__ = [
@@ -167,15 +168,12 @@ def compute_advantages(
     rewards so that a KL penalty placed in the reward reaches score-based estimators too."""
     if session.world == 1:
         return session.estimator.compute(advantage_input(batch, token_rewards, values))
-    from accelerate.utils import gather_object
-
     full = collate(everything, session.pad_id, mask_truncated=session.config.algorithm.mask_truncated)
     length = full.input_ids.shape[1]
-    pad = lambda rows: torch.stack([torch.nn.functional.pad(r, (0, length - r.shape[0])) for r in rows])  # noqa: E731
-    all_rewards = pad(gather_object([r.cpu() for r in token_rewards]))
-    all_values = pad(gather_object([v.cpu() for v in values])) if values is not None else None
+    all_rewards = gather_padded_rows(session, token_rewards, length)
+    all_values = gather_padded_rows(session, values, length) if values is not None else None
     adv, ret = session.estimator.compute(advantage_input(full, all_rewards, all_values))
-    sizes: list[int] = gather_object([len(batch)])
+    sizes = all_gather(session, [len(batch)])
     mine = slice(sum(sizes[: session.rank]), sum(sizes[: session.rank]) + len(batch))
     width = batch.input_ids.shape[1]
     return adv[mine, :width].to(session.device), ret[mine, :width].to(session.device)
@@ -254,8 +252,7 @@ def _mini_batch_step(
     if _can_skip_idle_rows(session):
         # Rows whose advantages are all zero add nothing to the gradient; they still count in the
         # normaliser above, so the update is exactly the same.
-        active = (targets.advantages[rows] != 0).any(dim=1).tolist()  # one transfer for all rows
-        busy = [r for r, keep in zip(rows, active, strict=True) if keep]
+        busy = _busy_rows(targets, rows)
         micro_rows = [busy[i : i + size] for i in range(0, len(busy), size)]
         sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
         counts["batch/idle_rows_skipped"] = 1
@@ -282,10 +279,7 @@ def _mini_batch_step(
         else:
             with session.accelerator.no_sync(session.model):
                 session.accelerator.backward(loss * session.world)
-        for name, value in parts.items():
-            step_sums[name] += value
-            # a loss share is summed over the step's micro-batches and counts as one value
-            step_counts[name] = 1 if name in LOSS_SHARES else step_counts[name] + 1
+        _accumulate(step_sums, step_counts, parts)
     finite = nonfinite is None or not bool(nonfinite)  # the step's one wait before the optimizer
     if prefix is not None:
         if finite:
@@ -410,8 +404,7 @@ def global_normalizer(session: Session, masks: list[torch.Tensor]) -> Normalizer
     )
     if session.world == 1:
         return norm
-    counts = torch.tensor([norm.num_tokens, norm.num_sequences], device=session.device)
-    counts = session.accelerator.reduce(counts, reduction="sum")
+    counts = sum_across(session, torch.tensor([norm.num_tokens, norm.num_sequences], device=session.device))
     return Normalizer(norm.mode, int(counts[0]), int(counts[1]), norm.length)
 
 
@@ -433,6 +426,20 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     if length < STEP_PREFIX_MIN_TOKENS:
         return None
     return StepPrefix(session.model, ids[:1, :length])
+
+
+def _accumulate(sums: dict[str, torch.Tensor | float], counts: dict[str, int], parts: dict[str, Any]) -> None:
+    """Add a micro-batch's diagnostics; a loss share is summed over the step's micro-batches and
+    counts as one value."""
+    for name, value in parts.items():
+        sums[name] += value
+        counts[name] = 1 if name in LOSS_SHARES else counts[name] + 1
+
+
+def _busy_rows(targets: Targets, rows: list[int]) -> list[int]:
+    """The rows with a non-zero advantage somewhere (one transfer from the device for all)."""
+    active = (targets.advantages[rows] != 0).any(dim=1).tolist()
+    return [r for r, keep in zip(rows, active, strict=True) if keep]
 
 
 def _critic_on_policy_backbone(session: Session) -> bool:
@@ -467,9 +474,7 @@ def _grad_norm(session: Session, params: list[torch.nn.Parameter]) -> torch.Tens
 
 def _update_kl_controller(session: Session, observed: float, samples: int) -> float:
     assert session.kl_ctl is not None
-    if session.world > 1:  # every process must move beta identically
-        mean = session.accelerator.reduce(torch.tensor([observed], device=session.device), "mean")
-        observed = float(mean[0])
+    observed = mean_across(session, observed)  # every process must move beta identically
     session.kl_ctl.update(observed, samples)
     return float(session.kl_ctl.value)
 

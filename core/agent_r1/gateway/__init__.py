@@ -9,35 +9,27 @@ starts it in-process and launches the user's agent program once per episode
 
 Modules: ``protocol`` (the OpenAI wire format), ``tools`` (tools through the chat template, tool
 calls out of sampled text), ``scheduler`` (batched generation), ``recorder`` (episodes and their
-trajectories), ``server`` (the HTTP app), ``launcher`` (agent programs), ``training`` (the rollout
+trajectories), ``server`` (the gateway's state and lifecycle), ``openai_routes`` and ``episodes``
+(its handlers), ``app`` (the HTTP routes), ``launcher`` (agent programs), ``training`` (the rollout
 source). Names are imported on first use: FastAPI and uvicorn (``agent-r1[gateway]``) load only
 when a server is built.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent_r1 import _lazy
 
-_EXPORTS: dict[str, str] = {
-    "PolicyGateway": "agent_r1.gateway.server",
-    "GatewaySettings": "agent_r1.gateway.server",
-    "EpisodeRecorder": "agent_r1.gateway.recorder",
-    "Episode": "agent_r1.gateway.recorder",
-    "ToolRendering": "agent_r1.gateway.tools",
-    "GenerationScheduler": "agent_r1.gateway.scheduler",
-    "AgentLauncher": "agent_r1.gateway.launcher",
-    "AgentOutcome": "agent_r1.gateway.launcher",
-    "gateway_rollout": "agent_r1.gateway.training",
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
+    "agent_r1.gateway.server": ("PolicyGateway", "GatewaySettings"),
+    "agent_r1.gateway.recorder": ("EpisodeRecorder", "Episode"),
+    "agent_r1.gateway.tools": ("ToolRendering",),
+    "agent_r1.gateway.scheduler": ("GenerationScheduler",),
+    "agent_r1.gateway.launcher": ("AgentLauncher", "AgentOutcome"),
+    "agent_r1.gateway.training": ("gateway_rollout",),
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'agent_r1.gateway' has no attribute {name!r}")
+__all__ = sorted(name for names in _EXPORTS.values() for name in names)
+__getattr__ = _lazy.lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

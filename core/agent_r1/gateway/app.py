@@ -1,4 +1,5 @@
-"""The FastAPI routes of a :class:`~agent_r1.gateway.server.PolicyGateway`.
+"""The FastAPI routes of a :class:`~agent_r1.gateway.server.PolicyGateway`: each hands its body to a
+handler of :mod:`agent_r1.gateway.openai_routes` or :mod:`agent_r1.gateway.episodes`.
 
 Kept apart from the gateway so that FastAPI is imported only when a server is built, and without
 postponed annotations: FastAPI reads the handlers' annotations (``Request``) at runtime.
@@ -16,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agent_r1.gateway import episodes, openai_routes
 from agent_r1.gateway.protocol import GatewayHTTPError, RequestError, error_body
 
 __all__ = ["build_app"]
@@ -62,10 +64,10 @@ def build_app(gateway: Any) -> FastAPI:
         }
 
     async def chat(request: Request, episode_id: Optional[str] = None) -> Any:  # noqa: UP045 (runtime-read)
-        return respond(await gateway.chat(await body_of(request), episode_id))
+        return respond(await openai_routes.chat(gateway, await body_of(request), episode_id))
 
     async def completions(request: Request, episode_id: Optional[str] = None) -> Any:  # noqa: UP045
-        return respond(await gateway.complete(await body_of(request), episode_id))
+        return respond(await openai_routes.complete(gateway, await body_of(request), episode_id))
 
     for prefix in ("", "/episodes/{episode_id}"):
         app.post(f"{prefix}/v1/chat/completions")(chat)
@@ -74,19 +76,19 @@ def build_app(gateway: Any) -> FastAPI:
 
     @app.post("/episodes")
     async def open_episode(request: Request) -> Any:
-        return gateway.open_episode(await body_of(request))
+        return episodes.open_episode(gateway, await body_of(request))
 
     @app.get("/episodes/{episode_id}")
     async def show_episode(episode_id: str) -> Any:
-        return gateway.show_episode(episode_id)
+        return episodes.show_episode(gateway, episode_id)
 
     @app.post("/episodes/{episode_id}/reward")
     async def reward(episode_id: str, request: Request) -> Any:
-        return gateway.post_reward(episode_id, await body_of(request))
+        return episodes.post_reward(gateway, episode_id, await body_of(request))
 
     @app.post("/episodes/{episode_id}/finish")
     async def finish(episode_id: str, request: Request) -> Any:
-        return gateway.finish_episode(episode_id, await body_of(request))
+        return episodes.finish_episode(gateway, episode_id, await body_of(request))
 
     @app.get("/health")
     async def health() -> Any:

@@ -403,6 +403,35 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def _completion_object(
+    kind: str, response_id: str, model: str, choices: list[dict[str, Any]], usage: tuple[int, int] | None
+) -> dict[str, Any]:
+    """The fields of every completion object and stream chunk, in OpenAI's order; ``usage``
+    (prompt and completion tokens) is left out when ``None``."""
+    body: dict[str, Any] = {
+        "id": response_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        body["usage"] = _usage(*usage)
+    return body
+
+
+def _chat_choice(
+    key: str, content: dict[str, Any], finish: OpenAIFinish | None, logprobs: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The one choice of a chat completion (``key="message"``) or chunk (``key="delta"``)."""
+    return {
+        "index": 0,
+        key: content,
+        "logprobs": {"content": logprobs} if logprobs is not None else None,
+        "finish_reason": finish,
+    }
+
+
 def chat_response(
     *,
     response_id: str,
@@ -414,22 +443,10 @@ def chat_response(
     logprobs: list[dict[str, Any]] | None,
 ) -> dict[str, Any]:
     """A ``chat.completion`` object with one choice."""
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": {"content": logprobs} if logprobs is not None else None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": _usage(prompt_tokens, completion_tokens),
-        "system_fingerprint": None,
-    }
+    choice = _chat_choice("message", message, finish, logprobs)
+    usage = (prompt_tokens, completion_tokens)
+    body = _completion_object("chat.completion", response_id, model, [choice], usage)
+    return {**body, "system_fingerprint": None}
 
 
 def chat_chunk(
@@ -442,25 +459,8 @@ def chat_chunk(
     logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk`` of a stream (``delta=None`` gives the usage-only chunk)."""
-    chunk: dict[str, Any] = {
-        "id": response_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": []
-        if delta is None
-        else [
-            {
-                "index": 0,
-                "delta": delta,
-                "logprobs": {"content": logprobs} if logprobs is not None else None,
-                "finish_reason": finish,
-            }
-        ],
-    }
-    if usage is not None:
-        chunk["usage"] = _usage(*usage)
-    return chunk
+    choices = [] if delta is None else [_chat_choice("delta", delta, finish, logprobs)]
+    return _completion_object("chat.completion.chunk", response_id, model, choices, usage)
 
 
 def completion_response(
@@ -474,14 +474,9 @@ def completion_response(
     logprobs: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """A ``text_completion`` object with one choice."""
-    return {
-        "id": response_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": _usage(prompt_tokens, completion_tokens),
-    }
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    usage = (prompt_tokens, completion_tokens)
+    return _completion_object("text_completion", response_id, model, [choice], usage)
 
 
 def completion_chunk(
@@ -493,15 +488,5 @@ def completion_chunk(
     usage: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """One streamed ``text_completion`` chunk (``text=None`` gives the usage-only chunk)."""
-    chunk: dict[str, Any] = {
-        "id": response_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": []
-        if text is None
-        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
-    if usage is not None:
-        chunk["usage"] = _usage(*usage)
-    return chunk
+    choices = [] if text is None else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+    return _completion_object("text_completion", response_id, model, choices, usage)

@@ -7,7 +7,7 @@ it sampled and their log-probabilities. Text is never tokenised again to build a
 looks for an earlier call of the episode whose conversation the new request continues: the
 request's messages start with that call's messages followed by the very assistant message the
 gateway returned (its content and tool calls, matched by id). Then the new prompt is built by
-appending, as agent-r1's own rollouts do (:meth:`~agent_r1.engine.chat.ChatRenderer.render_observation`):
+appending, as agent-r1's own rollouts do (:meth:`~agent_r1.rollout.chat.ChatRenderer.render_observation`):
 ``prompt_k = prompt_j + completion_j + closure + observation + header``. The model sees exactly the
 tokens it sampled before, not a re-rendering of their text. When no earlier call matches (the agent
 edited, dropped or summarised its history, changed its tools, or the template cannot append
@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.contracts import Generation
-from agent_r1.engine.chat import ChatRenderer
 from agent_r1.errors import AgentR1Error, TrajectoryError
 from agent_r1.gateway.protocol import NotFoundError, RequestError, UnavailableError
 from agent_r1.gateway.tools import ParsedReply, ToolRendering
@@ -57,6 +56,7 @@ from agent_r1.mdp import (
     ToolResult,
     Trajectory,
 )
+from agent_r1.rollout.chat import ChatRenderer
 
 __all__ = ["CallPlan", "CallRecord", "Episode", "EpisodeRecorder"]
 
@@ -330,13 +330,7 @@ class EpisodeRecorder:
             tool_calls=list(reply.tool_calls) if reply is not None else [],
             parse_errors=list(reply.errors) if reply is not None else [],
         )
-        reply_message: Message | None = None
-        if reply is not None:
-            reply_message = {"role": "assistant", "content": reply.content or ""}
-            if reply.tool_calls:
-                reply_message["tool_calls"] = [
-                    {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in reply.tool_calls
-                ]
+        reply_message = _reply_message(reply)
         with episode.lock:
             if episode.finished:
                 raise UnavailableError(
@@ -344,33 +338,9 @@ class EpisodeRecorder:
                     "recorded",
                     code="episode_finished",
                 )
-            base = plan.base
-            chain_index = base.chain if base is not None else -1
-            extends = base is not None and episode.chains[chain_index].calls[-1] is base
-            if extends:
-                assert base is not None
-                chain = episode.chains[chain_index]
-                trajectory, turn = chain.trajectory, base.turn + 1
-                trajectory.append(TokenSource.TEMPLATE, base.turn, plan.closure)
-                trajectory.append(TokenSource.ENV, base.turn, plan.env)
-                trajectory.append(TokenSource.TEMPLATE, turn, plan.header)
-                trajectory.steps[-1].observation = _observation(plan.new_messages, base.reply)
-            else:
-                if base is not None:  # branched off an earlier point, or raced with a sibling call
-                    episode.count("forks")
-                chain_index = len(episode.chains)
-                suffix = f"~seg{chain_index}" if chain_index else ""
-                trajectory = Trajectory(
-                    id=f"{episode.trajectory_id}{suffix}",
-                    task_id=episode.task_id,
-                    group_id=episode.group_id,
-                    sample_index=episode.sample_index,
-                    policy_version=episode.policy_version,
-                )
-                chain = _Chain(trajectory)
-                episode.chains.append(chain)
-                turn = 0
-                trajectory.append(TokenSource.PROMPT, 0, plan.prompt_ids)
+            chain_index, turn = self._segment_for(episode, plan)
+            chain = episode.chains[chain_index]
+            trajectory = chain.trajectory
             trajectory.append(TokenSource.POLICY, turn, ids, logprobs)
             call = CallRecord(
                 index=len(episode.calls),
@@ -392,6 +362,34 @@ class EpisodeRecorder:
             episode.calls.append(call)
             episode.count(f"plan_{plan.how}")
         return call
+
+    @staticmethod
+    def _segment_for(episode: Episode, plan: CallPlan) -> tuple[int, int]:
+        """``(chain index, turn)`` of a call about to be recorded (under ``episode.lock``): the
+        chain of the call its prompt extends, with the inserted tokens appended, when that call is
+        the chain's latest; otherwise a new chain whose prompt is the call's whole prompt."""
+        base = plan.base
+        if base is not None and episode.chains[base.chain].calls[-1] is base:
+            trajectory, turn = episode.chains[base.chain].trajectory, base.turn + 1
+            trajectory.append(TokenSource.TEMPLATE, base.turn, plan.closure)
+            trajectory.append(TokenSource.ENV, base.turn, plan.env)
+            trajectory.append(TokenSource.TEMPLATE, turn, plan.header)
+            trajectory.steps[-1].observation = _observation(plan.new_messages, base.reply)
+            return base.chain, turn
+        if base is not None:  # branched off an earlier point, or raced with a sibling call
+            episode.count("forks")
+        chain_index = len(episode.chains)
+        suffix = f"~seg{chain_index}" if chain_index else ""
+        trajectory = Trajectory(
+            id=f"{episode.trajectory_id}{suffix}",
+            task_id=episode.task_id,
+            group_id=episode.group_id,
+            sample_index=episode.sample_index,
+            policy_version=episode.policy_version,
+        )
+        episode.chains.append(_Chain(trajectory))
+        trajectory.append(TokenSource.PROMPT, 0, plan.prompt_ids)
+        return chain_index, 0
 
     def add_reward(self, episode: Episode, signal: RewardSignal, completion_id: str | None = None) -> None:
         """Record a reward posted for the episode; a ``process`` reward names the call it rewards
@@ -523,6 +521,19 @@ class EpisodeRecorder:
             return self.renderer.drift(messages, tokens, tools=tools)
         except AgentR1Error:  # a conversation the template cannot re-render has no drift figure
             return None
+
+
+def _reply_message(reply: ParsedReply | None) -> Message | None:
+    """The assistant message the gateway returned for a chat call (``None`` for completions), in
+    the canonical form later requests are matched against."""
+    if reply is None:
+        return None
+    message: Message = {"role": "assistant", "content": reply.content or ""}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in reply.tool_calls
+        ]
+    return message
 
 
 def _observation(messages: Sequence[Message], reply: Message | None) -> Observation:

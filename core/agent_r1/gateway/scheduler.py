@@ -14,17 +14,16 @@ overlaps an optimizer step.
 
 from __future__ import annotations
 
-import inspect
 import random
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
 
 from agent_r1.contracts import Generation, RolloutBackend, SamplingParams
 from agent_r1.gateway.protocol import UnavailableError
+from agent_r1.rollout.generation import generate_within_budgets, takes_budgets
 
 __all__ = ["GenerationScheduler"]
 
@@ -54,7 +53,7 @@ class GenerationScheduler:
         self._closed = False
         self._busy = False
         self._seeds: random.Random | None = None
-        self._takes_budgets = "max_new_tokens" in inspect.signature(backend.generate).parameters
+        self._takes_budgets = takes_budgets(backend)
         self.stats: dict[str, float] = {}
         self.take_stats()
         self._thread = threading.Thread(target=self._work, name="agent-r1-gateway-generate", daemon=True)
@@ -178,19 +177,6 @@ class GenerationScheduler:
     def _generate(
         self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
-        backend: Any = self.backend
-        if self._takes_budgets:
-            generations: list[Generation] = backend.generate(prompts, sampling, max_new_tokens=budgets)
-        else:  # a backend written before per-prompt budgets: cut each row to its budget
-            generations = backend.generate(prompts, sampling)
-        if len(generations) != len(prompts):
-            raise RuntimeError(
-                f"rollout backend {self.backend.name!r} returned {len(generations)} generations for "
-                f"{len(prompts)} prompts"
-            )
-        for generation, budget in zip(generations, budgets, strict=True):
-            if len(generation.token_ids) > budget:
-                generation.token_ids = generation.token_ids[:budget]
-                generation.logprobs = generation.logprobs[:budget]
-                generation.finish_reason, generation.stop_sequence = "length", None
-        return generations
+        return generate_within_budgets(
+            self.backend, prompts, sampling, budgets, with_budgets=self._takes_budgets
+        )

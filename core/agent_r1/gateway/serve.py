@@ -51,8 +51,8 @@ def serve_policy(
     if out is not None and out.exists() and out.is_dir():
         raise AgentR1Error(f"--out {out} is a directory; give a JSONL file to append trajectories to")
 
-    from agent_r1.engine.chat import apply_chat_template_config
-    from agent_r1.engine.models import load_policy, pick_device
+    from agent_r1.models.loading import load_policy, pick_device
+    from agent_r1.rollout.templates import apply_chat_template_config
 
     loaded, tokenizer = load_policy(config.model, device=pick_device(config.model.device))
     tokenizer = apply_chat_template_config(tokenizer, config.model)

@@ -1,7 +1,7 @@
 """OpenAI tools through the model's chat template, and tool calls read back from sampled text.
 
 The gateway shows a request's ``tools`` to the model the way agent-r1's own rollouts do (see
-:mod:`agent_r1.engine.chat` and :mod:`agent_r1.builtins.formats`): a :class:`~agent_r1.ToolCallFormat`
+:mod:`agent_r1.rollout.chat` and :mod:`agent_r1.builtins.formats`): a :class:`~agent_r1.ToolCallFormat`
 (``hermes`` by default: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) decides how a
 call is written, and the chat template renders the tool schemas when it can.
 
@@ -30,10 +30,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, create_model
 
 from agent_r1.contracts import Tool, ToolCallFormat
-from agent_r1.engine.chat import ChatRenderer
 from agent_r1.errors import AgentR1Error
 from agent_r1.gateway.protocol import RequestError
 from agent_r1.mdp import Message, ToolCall, ToolResult
+from agent_r1.rollout.chat import ChatRenderer
 
 __all__ = ["ParsedReply", "ToolRendering", "tool_class"]
 

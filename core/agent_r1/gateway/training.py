@@ -20,10 +20,7 @@ on each segment's last step).
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +31,11 @@ from agent_r1.errors import AgentR1Error, ConfigError, validation_error_message
 from agent_r1.gateway.launcher import AgentLauncher, AgentOutcome
 from agent_r1.gateway.server import GatewaySettings, PolicyGateway
 from agent_r1.mdp import Task, Trajectory
+from agent_r1.rollout.generation import group_samples, run_sync
 
 __all__ = [
     "GATEWAY_METRICS",
+    "GatewaySource",
     "gateway_for",
     "gateway_rollout",
     "served_model_name",
@@ -139,20 +138,15 @@ def gateway_rollout(
     gateway = gateway_for(session)
     rollout = session.config.rollout
     episodes = []
-    seen: Counter[str] = Counter()
-    for task in tasks:
-        repeat = seen[task.id]
-        seen[task.id] += 1
-        group_id = f"{task.id}@{salt}" + (f"#{repeat}" if repeat else "")
-        for sample in range(group_size):
-            episode = gateway.recorder.open(
-                task=task,
-                trajectory_id=f"{group_id}/{sample}",
-                group_id=group_id,
-                sample_index=sample,
-                policy_version=session.step,
-            )
-            episodes.append((episode, task))
+    for task, group, sample in group_samples(tasks, group_size, salt):
+        episode = gateway.recorder.open(
+            task=task,
+            trajectory_id=f"{group}/{sample}",
+            group_id=group,
+            sample_index=sample,
+            policy_version=session.step,
+        )
+        episodes.append((episode, task))
     assert gateway.url is not None
     launcher = AgentLauncher(
         rollout.agent, model_name=gateway.settings.served_model_name, gateway_url=gateway.url
@@ -167,7 +161,7 @@ def gateway_rollout(
     gateway.begin_rollout(sampling, seed=seed)
     outcomes: list[AgentOutcome] | None = None
     try:
-        outcomes = _run(launcher.run_many(jobs, on_done=on_progress))
+        outcomes = run_sync(launcher.run_many(jobs, on_done=on_progress))
     finally:
         figures = gateway.end_rollout()
         if outcomes is None:  # interrupted or failed: close what was opened, then let the error out
@@ -200,12 +194,46 @@ def gateway_rollout(
     return trajectories
 
 
-def _run(coroutine: Any) -> Any:
-    """Run a coroutine to completion from synchronous code (in a worker thread when an event loop
-    is already running in this thread, as in notebooks)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
+class GatewaySource:
+    """The ``gateway`` rollout source (:class:`~agent_r1.engine.source.RolloutSource`): episodes of
+    the user's agent program, served by the session's policy gateway (started on the first
+    rollout, stopped by :meth:`close`). Pass the class itself as ``build_session(source=...)``."""
+
+    name = "gateway"
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def rollout(
+        self,
+        tasks: Sequence[Task],
+        group_size: int,
+        *,
+        seed: int,
+        temperature: float,
+        salt: str,
+        policy_version: int,
+        decoding: Any = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> list[Trajectory]:
+        """:func:`gateway_rollout` (the agent program picks its own actions: ``decoding`` other
+        than plain sampling is refused when the config is validated; ``policy_version`` is the
+        session's step)."""
+        return gateway_rollout(
+            self.session,
+            tasks,
+            group_size,
+            seed=seed,
+            temperature=temperature,
+            salt=salt,
+            on_progress=on_progress,
+        )
+
+    def step_metrics(self) -> dict[str, float]:
+        return take_gateway_metrics(self.session)
+
+    def close(self) -> None:
+        gateway = getattr(self.session, "gateway", None)
+        if gateway is not None:
+            gateway.stop()
+            self.session.gateway = None

@@ -7,7 +7,7 @@
   environment through verl's LLM server manager, and verl ``BaseTool`` classes as agent-r1 tools
   (``pip install "agent-r1[verl]"``).
 
-Each adapter runs the same :class:`~agent_r1.engine.rollout.RolloutEngine` as agent-r1's own
+Each adapter runs the same :class:`~agent_r1.rollout.loop.RolloutEngine` as agent-r1's own
 trainer, so trajectories stay token-faithful and only policy-sampled tokens carry loss. Importing
 this package imports neither TRL nor verl; importing a submodule without its library raises
 :class:`IntegrationError` saying what to install.

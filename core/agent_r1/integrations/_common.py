@@ -3,7 +3,6 @@ scoring trajectories, and cutting a trajectory into the prompt/completion form o
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 from agent_r1.contracts import Environment, RewardShaper
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Task, Trajectory
+from agent_r1.rollout.generation import run_sync
 
 EnvironmentSpec = str | Callable[[], Environment]
 """An installed environment's name, or a zero-argument callable returning a fresh environment."""
@@ -85,7 +85,7 @@ def score(
             try:
                 signals = shaper.score(trajectory, task)
                 if inspect.isawaitable(signals):
-                    signals = _run(signals)
+                    signals = run_sync(signals)
             except AgentR1Error:
                 raise
             except Exception as exc:  # recorded on the trajectory; the episode becomes unscorable
@@ -97,17 +97,6 @@ def score(
                 signal.weight = weight * signal.weight
                 signal.source = signal.source or shaper.name
                 trajectory.rewards.append(signal)
-
-
-def _run(awaitable: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(awaitable)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, awaitable).result()
 
 
 @dataclass

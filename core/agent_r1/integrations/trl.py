@@ -3,7 +3,7 @@
 Three adapters:
 
 - :class:`AgentR1RolloutFunc`: a ``rollout_func`` for ``trl.GRPOTrainer``. It runs agent-r1's
-  multi-turn :class:`~agent_r1.engine.rollout.RolloutEngine` with any installed environment,
+  multi-turn :class:`~agent_r1.rollout.loop.RolloutEngine` with any installed environment,
   sampling with the trainer's own model through agent-r1's ``hf`` backend, and returns
   ``prompt_ids``, ``completion_ids``, ``logprobs`` and ``env_mask`` (1 on policy-sampled tokens, 0
   on environment, template and prompt-continuation tokens) plus agent-r1's reward signals as extra
@@ -199,7 +199,7 @@ class AgentR1RolloutFunc:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         """Roll out one episode per prompt (TRL already repeats each prompt ``num_generations``
         times) and return TRL's rollout dict."""
-        from agent_r1.engine.rollout import RolloutEngine
+        from agent_r1.rollout.loop import RolloutEngine
 
         self._check(trainer)
         tasks = [self.book.task(prompt) for prompt in prompts]
@@ -416,7 +416,7 @@ class AgentR1RolloutWorker:
         (without putting them on the queue)."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-        from agent_r1.engine.rollout import RolloutEngine
+        from agent_r1.rollout.loop import RolloutEngine
 
         start = self.rounds * self.tasks_per_round
         tasks = [self.tasks[(start + i) % len(self.tasks)] for i in range(self.tasks_per_round)]
@@ -476,8 +476,8 @@ class AgentR1RolloutWorker:
         import torch
 
         from agent_r1.contracts import AdvantageInput
-        from agent_r1.engine.batch import collate
-        from agent_r1.engine.turns import anchor_keys, turn_ids
+        from agent_r1.engine.learner.batch import collate
+        from agent_r1.engine.learner.turns import anchor_keys, turn_ids
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         batch = collate(trajectories, pad_token_id=int(pad))

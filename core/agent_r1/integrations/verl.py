@@ -2,7 +2,7 @@
 
 :class:`AgentR1AgentLoop` is a verl ``AgentLoopBase``: for each dataset row whose ``agent_name``
 column says ``agent_r1`` (or the name given in an agent-loop YAML file), it runs an agent-r1
-environment with agent-r1's :class:`~agent_r1.engine.rollout.RolloutEngine`, generating through
+environment with agent-r1's :class:`~agent_r1.rollout.loop.RolloutEngine`, generating through
 verl's LLM server manager (vLLM or SGLang servers), and returns an ``AgentLoopOutput`` whose
 ``prompt_ids + response_ids`` are the trajectory's tokens exactly, ``response_mask`` is 1 on
 policy-sampled tokens only (environment and template tokens 0), ``response_logprobs`` are the
@@ -84,7 +84,7 @@ class VerlServerBackend(RolloutBackend):
         base_params: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__({})
-        from agent_r1.engine.chat import end_of_turn_token_ids
+        from agent_r1.rollout.chat import end_of_turn_token_ids
 
         self.server_manager = server_manager
         self.tokenizer = tokenizer
@@ -96,18 +96,10 @@ class VerlServerBackend(RolloutBackend):
             stop_ids.add(int(tokenizer.eos_token_id))
         self.stop_token_ids = frozenset(stop_ids)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        *,
-        max_new_tokens: Sequence[int] | None = None,
+    def _generate_within(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
         """Sample one continuation per prompt through the server manager (see the class docstring)."""
-        budgets = [
-            min(sampling.max_new_tokens, int(max_new_tokens[i]) if max_new_tokens is not None else 1 << 30)
-            for i in range(len(prompts))
-        ]
         futures = [
             asyncio.run_coroutine_threadsafe(self._generate_one(list(prompt), sampling, budget), self.loop)
             for prompt, budget in zip(prompts, budgets, strict=True)
@@ -272,7 +264,7 @@ class AgentR1AgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Run one episode of the row ``kwargs`` and return verl's ``AgentLoopOutput``."""
-        from agent_r1.engine.rollout import RolloutEngine
+        from agent_r1.rollout.loop import RolloutEngine
 
         task = task_from_row(kwargs)
         loop = asyncio.get_running_loop()

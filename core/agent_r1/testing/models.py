@@ -4,7 +4,7 @@
   milliseconds (digits split one per token, ChatML special tokens and chat template).
 - :func:`tiny_model` builds a random-initialised Llama or Qwen2 causal LM of a few hundred
   thousand parameters for that tokenizer; :func:`save_tiny_model` writes both to a directory
-  that :func:`agent_r1.engine.models.load_policy` loads like any checkpoint.
+  that :func:`agent_r1.models.loading.load_policy` loads like any checkpoint.
 - :func:`qwen25_tokenizer` rebuilds the exact Qwen2.5 tokenizer (same ids, special tokens and chat
   template with tools) from the ``qwen.tiktoken`` file shipped by the ``dashscope`` package.
 - :func:`smollm2_tokenizer` returns the real SmolLM2-135M-Instruct tokenizer from the GGUF shipped
@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from agent_r1.engine.models import _package_dir, cache_root, smollm2_gguf_path, verify_cache
+from agent_r1.models.bundled import _package_dir, smollm2_gguf_path
+from agent_r1.models.cache import cache_root, verify_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
@@ -62,7 +63,19 @@ TINY_TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 
 TINY_VOCAB_SIZE = 1024
 
-CHATML_TEMPLATE = r"""
+_CHATML_LAST_TURNS = r"""    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+"""The end both chat templates share: any other message as a plain ChatML turn, then the
+generation prompt."""
+
+CHATML_TEMPLATE = (
+    r"""
 {%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages and messages[0].role == 'system' %}
@@ -94,14 +107,9 @@ CHATML_TEMPLATE = r"""
             {{- '<|im_end|>' }}
         {%- endgeneration %}
         {{- '\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
-""".strip()
+"""
+    + _CHATML_LAST_TURNS
+).strip()
 """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` for every role (system, user,
 assistant, tool), no default system prompt. Assistant ``tool_calls`` follow the content as
 ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``; ``tools`` are listed in a system
@@ -410,14 +418,8 @@ QWEN25_CHAT_TEMPLATE = (
         {%- if loop.last or loop.nextitem.role != 'tool' %}
             {{- '<|im_end|>\n' }}
         {%- endif %}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-{%- endif %}
 """
+    + _CHATML_LAST_TURNS
 ).strip()
 """The Qwen2.5-Instruct chat format: a system turn always (default :data:`QWEN25_DEFAULT_SYSTEM`)
 with the ``tools`` listed as JSON lines inside ``<tools></tools>``; assistant ``tool_calls``

@@ -9,7 +9,7 @@ a well-formed tool call; a script does, and can also write the malformed ones yo
 
 Example::
 
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     backend = ScriptedBackend(tokenizer=tokenizer, responses=["<calc>2+3</calc>", "<answer>5</answer>"])
@@ -55,7 +55,7 @@ class ScriptedBackend(RolloutBackend):
         **resources: Any,
     ) -> None:
         super().__init__(config, tokenizer=tokenizer, **resources)
-        from agent_r1.engine.chat import end_of_turn_token_ids
+        from agent_r1.rollout.chat import end_of_turn_token_ids
 
         self.tokenizer = tokenizer
         self.responses = responses
@@ -63,23 +63,16 @@ class ScriptedBackend(RolloutBackend):
         self.eos_token_id: int = end_of_turn[0] if end_of_turn else int(tokenizer.eos_token_id)
         self.prompts: list[list[list[int]]] = []
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingParams,
-        *,
-        max_new_tokens: Sequence[int] | None = None,
+    def _generate_within(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, budgets: list[int]
     ) -> list[Generation]:
         """One scripted continuation per prompt (see the class docstring for the rules)."""
         call = len(self.prompts)
         self.prompts.append([list(p) for p in prompts])
-        out = []
-        for row, prompt in enumerate(prompts):
-            budget = sampling.max_new_tokens
-            if max_new_tokens is not None:
-                budget = min(budget, int(max_new_tokens[row]))
-            out.append(self._say(self._text(call, prompt), sampling.stop, budget))
-        return out
+        return [
+            self._say(self._text(call, prompt), sampling.stop, budget)
+            for prompt, budget in zip(prompts, budgets, strict=True)
+        ]
 
     def _text(self, call: int, prompt: Sequence[int]) -> str:
         if callable(self.responses):
@@ -132,8 +125,8 @@ def scripted_rollout(
         assert trajectory.steps[-1].action.answer == "5"
     """
     from agent_r1.contracts import Environment
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.mdp import Task
+    from agent_r1.rollout.loop import RolloutEngine
 
     if tokenizer is None:
         from agent_r1.testing.models import tiny_tokenizer

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agent_r1 import Task, Trajectory
+from agent_r1.testing.pytest_plugin import agent_r1_rollout_recorder  # noqa: F401 - a fixture
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +22,9 @@ def tokenizer() -> Any:
 @pytest.fixture
 def scripted_episode(tokenizer: Any) -> Callable[..., Trajectory]:
     """``scripted_episode(env_name, env_options, task, texts)``: one episode through the real
-    :class:`~agent_r1.engine.rollout.RolloutEngine`, the policy saying ``texts`` turn by turn."""
-    from agent_r1.engine.rollout import RolloutEngine
+    :class:`~agent_r1.rollout.loop.RolloutEngine`, the policy saying ``texts`` turn by turn."""
     from agent_r1.registry import get_registry
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     def run(env_name: str, env_options: dict[str, Any], task: Task, texts: Sequence[str]) -> Trajectory:
@@ -67,8 +68,8 @@ def python_calling_model(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     import torch
 
-    from agent_r1.engine.chat import ChatRenderer
     from agent_r1.registry import get_registry
+    from agent_r1.rollout.chat import ChatRenderer
     from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_code.datasets import GSM8KDataset, HumanEvalDataset
 

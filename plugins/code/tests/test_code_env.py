@@ -137,7 +137,7 @@ def test_the_session_ends_with_the_episode(humaneval_tasks) -> None:
 def test_an_episode_cut_by_the_engine_closes_its_session(humaneval_tasks) -> None:
     """The engine's max_turns ends the episode (the environment never says done): aclose() ends the
     python session right after the batch, not at garbage collection."""
-    from agent_r1.engine.rollout import RolloutEngine
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.models import tiny_tokenizer
     from agent_r1.testing.scripted import ScriptedBackend
 

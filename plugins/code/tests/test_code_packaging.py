@@ -38,6 +38,7 @@ def test_wheel_installs_into_a_fresh_venv_and_uninstalls(tmp_path: Path) -> None
         "data/gsm8k_test_sample.jsonl",
         "data/ATTRIBUTION.md",
         "_runner.py",
+        "harness.py",
     ):
         assert f"agent_r1_plugin_code/{data}" in names
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n]

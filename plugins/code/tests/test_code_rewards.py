@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agent_r1 import Action, Observation, RewardSignal, Step, Task, ToolCall, Trajectory
-from agent_r1.engine.evaluation import summarize_eval
+from agent_r1.engine.reports.evaluation import summarize_eval
 from agent_r1_plugin_code.rewards import (
     CodeRunsReward,
     CodeSolvedReward,
@@ -79,6 +79,43 @@ def test_hidden_test_share_and_solved() -> None:
     assert CodeSolvedReward().score(trajectory(step(0, text="nothing")), ADD_TASK)[0].value == 0.0
     no_tests = ADD_TASK.model_copy(update={"metadata": {}})
     assert CodeTestsReward().score(right, no_tests) == []
+
+
+TREE_TASK = Task(
+    id="tree",
+    messages=[{"role": "user", "content": "Write height(node)."}],
+    metadata={
+        "entry_point": "height",
+        "candidate": False,
+        # the second test reads ``root.left`` (neither data nor a setup name): it cannot be split,
+        # so it is judged inside the sandbox, where a lying value could pass it
+        "tests": ["assert height(root) == 3", "assert height(root.left) == 2"],
+        "test_setup": (
+            "class Node:\n"
+            "    def __init__(self, v, left=None, right=None):\n"
+            "        self.v, self.left, self.right = v, left, right\n"
+            "root = Node(1, Node(2, Node(4)), Node(3))\n"
+        ),
+        "check_setup": [],
+    },
+)
+
+
+@needs_namespaces
+def test_reward_resting_on_a_sandbox_verdict_is_flagged_for_the_suspect_alarm() -> None:
+    """A rewarded solution some of whose tests were judged inside the sandbox carries the weight-0
+    signal ``suspect/sandbox_verdict`` (the core's ``suspect`` alarm counts it); a solution judged
+    wholly on the trusted side does not."""
+    height = (
+        "def height(node):\n    return 0 if node is None else 1 + max(height(node.left), height(node.right))"
+    )
+    signals = CodeTestsReward().score(trajectory(step(0, answer=height), task_id="tree"), TREE_TASK)
+    assert signals[0].value == 1.0
+    assert [(s.name, s.value, s.weighted) for s in signals[1:]] == [("suspect/sandbox_verdict", 1.0, 0.0)]
+    right = trajectory(step(0, answer="def add(a, b):\n    return a + b"))
+    assert [s.name for s in CodeTestsReward().score(right, ADD_TASK)] == ["code_tests"]
+    wrong = trajectory(step(0, answer="def height(node):\n    return -1"), task_id="tree")
+    assert [s.name for s in CodeSolvedReward().score(wrong, TREE_TASK)] == ["code_solved"]  # unrewarded
 
 
 def test_process_rewards_read_the_code_records() -> None:

@@ -141,8 +141,32 @@ def test_a_machine_without_namespaces_is_refused_or_warned_about(monkeypatch: py
         get_registry().build("tools", "python", {})
 
 
+def test_a_machine_without_the_minimal_root_is_refused_or_warned_about(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Namespaces work but the runner cannot build its own root (say, /proc cannot be mounted in a
+    # container): refused by default; with warn, namespaces over the host's file system.
+    if namespace_prefix() is None:
+        pytest.skip("needs Linux namespaces (unshare)")
+    monkeypatch.setattr(sandbox_module, "minimal_root_problem", lambda python=None: "mount proc: denied")
+    monkeypatch.setattr(sandbox_module, "_warned_unisolated", False)
+    with pytest.raises(SandboxUnavailable, match="own root file system here \\(mount proc: denied\\)"):
+        check_isolation(SandboxConfig())
+    with pytest.warns(RuntimeWarning, match="the host's file system"):
+        assert check_isolation(SandboxConfig(on_unavailable="warn")) == "namespaces"
+    assert check_isolation(SandboxConfig(filesystem="host")) == "namespaces"  # asked for: no warning
+    result = run_python(
+        "import os\nprint('work' in os.listdir('/'))", {"on_unavailable": "warn", "warm_pool": 0}
+    )
+    assert result.ok and result.stdout == "True\n"
+
+
 def test_config_errors_name_the_option() -> None:
     with pytest.raises(ValueError, match="uid_range"):
         SandboxConfig(uid_range=(10, 5))
     with pytest.raises(ValueError, match="timeout_s"):
         SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="filesystem"):
+        SandboxConfig(filesystem="everything")
+    with pytest.raises(ValueError, match="warm_pool"):
+        SandboxConfig(warm_pool=-1)

@@ -1,4 +1,4 @@
-"""Short GRPO runs with the code and the math environment, through ``agent_r1.engine.runner.train``
+"""Short GRPO runs with the code and the math environment, through ``agent_r1.run.training.train``
 (the code behind ``agent-r1 train``): a tiny model that calls python (``python_calling_model`` in
 conftest.py), real sandboxed runs, the plugin's rewards. A tiny model learns no programming or
 arithmetic in two steps, so nothing here asserts learning; the runs must get through rollouts that
@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent_r1 import Trajectory, hookimpl
-from agent_r1.registry import Registry, reset_registry
+from agent_r1.testing.pytest_plugin import RolloutRecorder
 from agent_r1_plugin_code.sandbox import namespace_prefix
 
 pytestmark = [
@@ -70,31 +69,16 @@ def training_config(model_dir: Path, run_dir: Path, kind: str) -> dict[str, Any]
     }
 
 
-class RolloutRecorder:
-    """Observer plugin: keeps every training rollout."""
-
-    def __init__(self) -> None:
-        self.trajectories: list[Trajectory] = []
-
-    @hookimpl
-    def on_rollout_end(self, step: int, trajectories: list[Trajectory]) -> None:
-        self.trajectories.extend(trajectories)
-
-
 @pytest.fixture
-def recorder() -> Any:
-    recorder = RolloutRecorder()
-    registry = reset_registry(Registry())
-    registry.register_plugin(recorder, "rollout-recorder")
-    yield recorder
-    reset_registry()
+def recorder(agent_r1_rollout_recorder: RolloutRecorder) -> RolloutRecorder:
+    return agent_r1_rollout_recorder
 
 
 @pytest.mark.parametrize("kind", ["code", "math"])
 def test_short_grpo_run(
     kind: str, python_calling_model: Path, recorder: RolloutRecorder, tmp_path: Path
 ) -> None:
-    from agent_r1.engine.runner import train
+    from agent_r1.run.training import train
 
     run_dir = tmp_path / "run"
     config_path = tmp_path / f"{kind}.yaml"

@@ -12,6 +12,7 @@ import pytest
 from mcp_helpers import HttpServer, task
 
 from agent_r1 import Trajectory
+from agent_r1.testing.pytest_plugin import agent_r1_rollout_recorder  # noqa: F401 - a fixture
 
 
 @pytest.fixture
@@ -42,8 +43,8 @@ def rollout(tokenizer: Any) -> Callable[..., list[Trajectory]]:
     """``rollout(env_options, script, tasks=1, group_size=1, max_turns=None, on_env_error="end")``:
     episodes of the ``mcp`` environment through the real rollout engine, the policy saying
     ``script`` (texts per turn, or a function of the prompt)."""
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.registry import get_registry
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.scripted import ScriptedBackend
 
     def run(

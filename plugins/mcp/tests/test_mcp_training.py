@@ -1,4 +1,4 @@
-"""A short GRPO run whose tools are served by MCP servers, through ``agent_r1.engine.runner.train``
+"""A short GRPO run whose tools are served by MCP servers, through ``agent_r1.run.training.train``
 (the code behind ``agent-r1 train``): the notebook server over stdio (a process per episode) and the
 same server over streamable HTTP on 127.0.0.1, both listing a ``note`` tool (so the agent sees
 ``local__note`` and ``remote__note``), the built-in arithmetic tasks, and a tiny model that calls
@@ -19,8 +19,7 @@ import torch
 import yaml
 from mcp_helpers import SERVER_SCRIPT, HttpServer, stdio_server
 
-from agent_r1 import Trajectory, hookimpl
-from agent_r1.registry import Registry, reset_registry
+from agent_r1.testing.pytest_plugin import RolloutRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -97,7 +96,7 @@ def noting_model(tmp_path_factory: pytest.TempPathFactory, http: HttpServer) -> 
 
     from agent_r1 import TokenSource
     from agent_r1.builtins.calculator import ArithmeticDataset
-    from agent_r1.engine.chat import ChatRenderer
+    from agent_r1.rollout.chat import ChatRenderer
     from agent_r1.testing import scripted_rollout
     from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_mcp.env import McpEnv
@@ -133,24 +132,9 @@ def noting_model(tmp_path_factory: pytest.TempPathFactory, http: HttpServer) -> 
     return save_tiny_model(tmp_path_factory.mktemp("noting-model"), model.eval(), tokenizer)
 
 
-class RolloutRecorder:
-    """Observer plugin: keeps every training rollout."""
-
-    def __init__(self) -> None:
-        self.trajectories: list[Trajectory] = []
-
-    @hookimpl
-    def on_rollout_end(self, step: int, trajectories: list[Trajectory]) -> None:
-        self.trajectories.extend(trajectories)
-
-
 @pytest.fixture
-def recorder() -> Any:
-    recorder = RolloutRecorder()
-    registry = reset_registry(Registry())  # entry points (builtins, this plugin) plus the observer
-    registry.register_plugin(recorder, "rollout-recorder")
-    yield recorder
-    reset_registry()
+def recorder(agent_r1_rollout_recorder: RolloutRecorder) -> RolloutRecorder:
+    return agent_r1_rollout_recorder
 
 
 def stdio_server_processes() -> list[int]:
@@ -174,8 +158,8 @@ def test_short_grpo_run_with_mcp_tools_over_stdio_and_http(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.engine import checkpoint as ckpt
-    from agent_r1.engine.runner import train
+    from agent_r1.engine.artifacts import checkpoint as ckpt
+    from agent_r1.run.training import train
 
     run_dir = tmp_path / "run"
     config_path = tmp_path / "mcp.yaml"
@@ -221,8 +205,8 @@ def test_short_grpo_run_with_mcp_tools_over_stdio_and_http(
 def test_a_server_that_cannot_be_reached_stops_the_run_before_the_model_loads(
     noting_model: Path, http: HttpServer, tmp_path: Path
 ) -> None:
-    from agent_r1.engine.preflight import PreflightError
-    from agent_r1.engine.runner import train
+    from agent_r1.run.preflight import PreflightError
+    from agent_r1.run.training import train
 
     config = training_config(noting_model, tmp_path / "run", http)
     config["environment"]["servers"] = [

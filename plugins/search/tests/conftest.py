@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.testing.pytest_plugin import agent_r1_rollout_recorder  # noqa: F401 - a fixture
+
 
 @pytest.fixture(scope="session", autouse=True)
 def search_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -162,7 +164,7 @@ def searching_model(tmp_path_factory: pytest.TempPathFactory, search_cache: Path
 
     import torch
 
-    from agent_r1.engine.chat import ChatRenderer
+    from agent_r1.rollout.chat import ChatRenderer
     from agent_r1.testing.models import completion_sft_step, save_tiny_model, tiny_model, tiny_tokenizer
     from agent_r1_plugin_search.datasets import HotpotQADataset, NQDataset
     from agent_r1_plugin_search.env import SearchQAEnv

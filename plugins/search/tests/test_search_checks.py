@@ -156,7 +156,7 @@ def test_the_run_preflight_reports_a_question_file_as_corpus(tmp_path: Path) -> 
     """The run's preflight (run by ``agent-r1 train`` / ``check`` before any model loads) reaches the
     tool's check through the environment and stops on a question file given as the corpus."""
     from agent_r1 import AgentR1Error
-    from agent_r1.engine.runner import prepare
+    from agent_r1.run.training import prepare
     from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()

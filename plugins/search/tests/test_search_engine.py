@@ -9,8 +9,8 @@ import json
 import pytest
 
 from agent_r1 import TokenSource
-from agent_r1.engine.rollout import RolloutEngine
 from agent_r1.registry import get_registry
+from agent_r1.rollout.loop import RolloutEngine
 from agent_r1.testing.models import tiny_tokenizer
 from agent_r1.testing.scripted import ScriptedBackend
 from agent_r1_plugin_search.datasets import HotpotQADataset

@@ -278,8 +278,8 @@ def test_retrieval_failure_through_the_rollout_engine(closed_port: int, mode: st
     """The real rollout engine, a scripted policy and a dead retrieval server: ``raise`` aborts the
     rollout even under the engine's lenient ``on_env_error='end'``; ``env_error`` ends the episode
     as an environment error and the policy never reads the failure."""
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.errors import EnvironmentFatalError
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.models import tiny_tokenizer
     from agent_r1.testing.scripted import ScriptedBackend
 

@@ -65,7 +65,7 @@ def _dry_run_config(tmp_path: Path, model_dir: Path, server: str) -> Path:
 
 
 def test_dry_run_on_cpu(searching_model: Path, search_server: str, tmp_path: Path) -> None:
-    from agent_r1.engine.runner import prepare, train
+    from agent_r1.run.training import prepare, train
 
     path = _dry_run_config(tmp_path, searching_model, search_server)
     prepare(path, ["algorithm.name=ppo"])  # the PPO variant validates too

@@ -1,4 +1,4 @@
-"""A short GRPO run with the search environment, through ``agent_r1.engine.runner.train`` (the code
+"""A short GRPO run with the search environment, through ``agent_r1.run.training.train`` (the code
 behind ``agent-r1 train``): HotpotQA sample, ``search_qa`` with BM25 over the bundled corpus in the
 tags format, EM/F1/valid-search rewards, a tiny model that searches (``searching_model`` in
 conftest.py). A tiny model learns no QA in two steps, so nothing here asserts learning; the run must
@@ -15,8 +15,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agent_r1 import TokenSource, Trajectory, hookimpl
-from agent_r1.registry import Registry, reset_registry
+from agent_r1 import TokenSource
+from agent_r1.testing.pytest_plugin import RolloutRecorder
 
 STEPS = 2
 TASKS_PER_STEP = 2
@@ -63,29 +63,14 @@ def training_config(model_dir: Path, run_dir: Path) -> dict[str, Any]:
     }
 
 
-class RolloutRecorder:
-    """Observer plugin: keeps every training rollout."""
-
-    def __init__(self) -> None:
-        self.trajectories: list[Trajectory] = []
-
-    @hookimpl
-    def on_rollout_end(self, step: int, trajectories: list[Trajectory]) -> None:
-        self.trajectories.extend(trajectories)
-
-
 @pytest.fixture
-def recorder() -> Any:
-    recorder = RolloutRecorder()
-    registry = reset_registry(Registry())  # entry points (builtins, this plugin) plus the observer
-    registry.register_plugin(recorder, "rollout-recorder")
-    yield recorder
-    reset_registry()
+def recorder(agent_r1_rollout_recorder: RolloutRecorder) -> RolloutRecorder:
+    return agent_r1_rollout_recorder
 
 
 def test_short_grpo_run_with_search(searching_model: Path, recorder: RolloutRecorder, tmp_path: Path) -> None:
-    from agent_r1.engine import checkpoint as ckpt
-    from agent_r1.engine.runner import train
+    from agent_r1.engine.artifacts import checkpoint as ckpt
+    from agent_r1.run.training import train
 
     run_dir = tmp_path / "run"
     config_path = tmp_path / "search.yaml"

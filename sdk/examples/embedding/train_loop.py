@@ -3,20 +3,20 @@
 agent-r1's own trainer (``agent-r1 train``) is one way to run the RL cycle; this script is the
 other: your loop, agent-r1's parts. Each step
 
-1. rolls out tasks with :class:`~agent_r1.engine.rollout.RolloutEngine` and the ``hf`` backend
+1. rolls out tasks with :class:`~agent_r1.rollout.loop.RolloutEngine` and the ``hf`` backend
    (:class:`~agent_r1.builtins.hf_backend.HFBackend`) sampling from the model being trained;
 2. scores the trajectories with a reward shaper;
-3. pads them into tensors (:func:`~agent_r1.engine.batch.collate`): input ids, the loss mask
+3. pads them into tensors (:func:`~agent_r1.engine.learner.batch.collate`): input ids, the loss mask
    (policy tokens only), token rewards, rollout log-probabilities, group ids;
 4. computes advantages with an estimator, the per-token loss with a policy loss, and reduces it
-   with :func:`agent_r1.engine.loss_utils.aggregate` (the framework owns the normalisation);
+   with :func:`agent_r1.engine.learner.loss_utils.aggregate` (the framework owns the normalisation);
 5. takes an optimizer step and tells the backend the weights changed.
 
 Components come from the registry by name, as a run config would name them: the estimator
 (``grpo``), the loss (``ppo_clip``) and the task (the toy target-character task of
 :mod:`agent_r1.testing.toy`, registered in-process the way an embedder registers its own plugin
 module). The policy is a tiny random model built in memory, so the script runs in seconds on a
-CPU; with a real checkpoint, load it with ``agent_r1.engine.models.load_policy``.
+CPU; with a real checkpoint, load it with ``agent_r1.models.loading.load_policy``.
 
 Run::
 
@@ -40,10 +40,10 @@ import torch
 import agent_r1.testing.toy as toy
 from agent_r1 import AdvantageInput, LossInput, SamplingParams
 from agent_r1.builtins.hf_backend import HFBackend
-from agent_r1.engine.batch import collate, policy_forward
-from agent_r1.engine.loss_utils import Normalizer, aggregate, masked_mean
-from agent_r1.engine.rollout import RolloutEngine
+from agent_r1.engine.learner.batch import collate, policy_forward
+from agent_r1.engine.learner.loss_utils import Normalizer, aggregate, masked_mean
 from agent_r1.registry import get_registry
+from agent_r1.rollout.loop import RolloutEngine
 from agent_r1.testing.models import tiny_model, tiny_tokenizer
 
 AGGREGATION = "token-mean"

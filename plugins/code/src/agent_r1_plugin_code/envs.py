@@ -15,9 +15,12 @@ whose tests improved, reading ``observation.info["code"]``::
 ``math``: a grade-school word problem, the ``python`` tool and the core's ``calculator``
 (``<calc>``), final answer ``<answer>number</answer>``; ``math_correct`` compares numbers.
 
-Each episode's Python session is closed when the episode ends in the environment (answer, or the
-environment's ``max_turns``); an episode the engine ends (its own turn or token budget) has its
-session closed when the environment instance is garbage-collected.
+Each episode's sandboxes (the python session, a judgement of ``run_tests`` still running) are
+killed when the episode ends in the environment (answer, or the environment's ``max_turns``) and in
+:meth:`aclose`, which the engine awaits for every episode whatever ended it (its own turn or token
+budget, an error, the run stopping): a call the engine abandoned at ``call_timeout_s`` is stopped
+then too, and a late call of that episode is refused. The instance's garbage collection closes
+them as a last resort.
 """
 
 from __future__ import annotations
@@ -107,6 +110,11 @@ class _SandboxedEnv(ToolEnv):
     def _code_tools(self) -> list[Any]:
         return [tool for tool in self.tools.values() if isinstance(tool, (PythonTool, RunTestsTool))]
 
+    async def reset(self, task: Task) -> EpisodeStart:
+        for tool in self._code_tools():
+            tool.reopen()  # an instance used for another episode gets fresh sandbox groups
+        return await super().reset(task)
+
     async def step(self, action: Action, turn: int) -> Observation:
         tools = self._code_tools()
         seen = [len(tool.records) for tool in tools]
@@ -118,11 +126,12 @@ class _SandboxedEnv(ToolEnv):
         return observation
 
     def close(self) -> None:
-        """Close the episode's Python session (also done on garbage collection)."""
-        self._finalizer()
+        """Kill the episode's sandboxes now (also done on garbage collection)."""
+        _close_tools(list(self.tools.values()))
 
     async def aclose(self) -> None:
-        """The engine's end-of-episode hook: close the session now, whatever ended the episode."""
+        """The engine's end-of-episode hook: kill the sandboxes now, whatever ended the episode.
+        Killing does not wait for a call in progress (it ends with the sandbox)."""
         self.close()
 
 

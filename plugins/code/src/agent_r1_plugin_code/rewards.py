@@ -37,7 +37,10 @@ from pydantic import Field
 from agent_r1 import ComponentConfig, RewardShaper, RewardSignal, Task, Trajectory
 from agent_r1.rewards import numeric_match
 from agent_r1_plugin_code.sandbox import SandboxConfig
-from agent_r1_plugin_code.testcases import judge_cached, submitted_solution
+from agent_r1_plugin_code.testcases import Verdict, judge_cached, submitted_solution
+
+SUSPECT_SANDBOX_VERDICT = "suspect/sandbox_verdict"
+"""A weight-0 signal on a rewarded solution some of whose tests were judged inside the sandbox."""
 
 
 class _HiddenTestsShaper(RewardShaper):
@@ -49,23 +52,26 @@ class _HiddenTestsShaper(RewardShaper):
 
     config: Config
 
-    def _outcome_value(self, trajectory: Trajectory, task: Task) -> float | None:
-        if not task.metadata.get("tests"):
-            return None
+    def _verdict(self, trajectory: Trajectory, task: Task) -> Verdict | None:
         code = submitted_solution(trajectory, fall_back_to_tested=self.config.fall_back_to_tested)
-        if code is None:
-            return 0.0
-        outcome = judge_cached(code, task, self.config.sandbox)
-        return self.value_of(outcome.passed, outcome.total)
+        return None if code is None else judge_cached(code, task, self.config.sandbox)
 
     def value_of(self, passed: int, total: int) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def score(self, trajectory: Trajectory, task: Task) -> list[RewardSignal]:
-        value = self._outcome_value(trajectory, task)
-        if value is None:
+        if not task.metadata.get("tests"):
             return []
-        return [RewardSignal(name=self.name, value=value, kind="outcome", source=self.name)]
+        verdict = self._verdict(trajectory, task)
+        value = 0.0 if verdict is None else self.value_of(verdict.passed, verdict.total)
+        signals = [RewardSignal(name=self.name, value=value, kind="outcome", source=self.name)]
+        if verdict is not None and value > 0 and verdict.result.sandbox_verdicts:
+            # Reward that rests on tests judged inside the sandbox (they could not be split), which
+            # a solution could fake: the core's `suspect` alarm counts it (docs/reward_hacking.md).
+            signals.append(
+                RewardSignal(name=SUSPECT_SANDBOX_VERDICT, value=1.0, weight=0.0, source=self.name)
+            )
+        return signals
 
 
 class CodeTestsReward(_HiddenTestsShaper):

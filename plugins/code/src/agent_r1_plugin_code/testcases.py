@@ -3,7 +3,8 @@
 A code task (``humaneval``, ``mbpp``) keeps its tests in ``task.metadata``:
 
 * ``tests``: the hidden test statements (each a ``assert ...`` statement, or a compound statement
-  holding asserts), all of which the outcome reward runs;
+  holding asserts), all of which the outcome reward runs; a test may also be a ``{"stdin": ...,
+  "stdout": ...}`` pair: the solution runs as a program on that input and its output must match;
 * ``visible_tests``: the statements the agent's ``run_tests`` tool runs (and the prompt shows);
 * ``test_setup``: code run before the tests in the tests' namespace (imports, helpers);
 * ``check_setup``: statements of HumanEval's ``check`` function that are not tests (``import
@@ -13,7 +14,9 @@ A code task (``humaneval``, ``mbpp``) keeps its tests in ``task.metadata``:
 * ``prompt``: for HumanEval, the signature and docstring the solution completes.
 
 A test passes when its statement raises nothing, so a solution passes every test exactly when
-HumanEval's own harness (``prompt + completion + test + check(entry_point)``) raises nothing.
+HumanEval's own harness (``prompt + completion + test + check(entry_point)``) raises nothing. The
+statements run outside the sandbox, on the values the solution's calls return (plain data only);
+see :mod:`agent_r1_plugin_code.harness`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_r1 import Task, Trajectory
-from agent_r1_plugin_code.sandbox import ExecutionResult, SandboxConfig, run_tests
+from agent_r1_plugin_code.harness import judge_solution
+from agent_r1_plugin_code.pool import SandboxGroup
+from agent_r1_plugin_code.sandbox import ExecutionResult, SandboxConfig
+from agent_r1_plugin_code.split import TestPlan, cached_plan
 
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -91,6 +97,19 @@ class Verdict:
         return self.total > 0 and self.passed == self.total
 
 
+def task_plan(task: Task, *, hidden: bool = True) -> TestPlan:
+    """The task's hidden (or visible) tests split for the trusted harness (remembered per task)."""
+    metadata = task.metadata
+    return cached_plan(
+        list(metadata.get("tests" if hidden else "visible_tests") or []),
+        setup=metadata.get("test_setup", "") or "",
+        check_setup=tuple(metadata.get("check_setup") or ()),
+        prompt=metadata.get("prompt"),
+        entry_point=metadata.get("entry_point"),
+        candidate=bool(metadata.get("candidate")),
+    )
+
+
 def judge(
     code: str,
     task: Task,
@@ -98,21 +117,17 @@ def judge(
     hidden: bool = True,
     sandbox: SandboxConfig | None = None,
     per_test_timeout_s: float | None = 3.0,
+    group: SandboxGroup | None = None,
 ) -> Verdict:
-    """Run the task's hidden (or visible) tests against ``code`` in a fresh sandbox."""
-    metadata = task.metadata
-    tests = list(metadata.get("tests" if hidden else "visible_tests") or [])
-    result = run_tests(
-        assemble_solution(code, task),
-        tests,
-        sandbox,
-        setup=metadata.get("test_setup", ""),
-        check_setup=list(metadata.get("check_setup") or []),
-        candidate=metadata.get("entry_point") if metadata.get("candidate") else None,
-        per_test_timeout_s=per_test_timeout_s,
+    """Run the task's hidden (or visible) tests against ``code``: the code in a fresh sandbox, the
+    tests outside it (:func:`~agent_r1_plugin_code.harness.judge_solution`). Tests passed before
+    the sandbox ended count; ``group`` owns the sandboxes while they run."""
+    plan = task_plan(task, hidden=hidden)
+    result = judge_solution(
+        assemble_solution(code, task), plan, sandbox, per_test_timeout_s=per_test_timeout_s, group=group
     )
-    passed = sum(bool(t.get("passed")) for t in result.tests) if result.status == "ok" else 0
-    return Verdict(passed=passed, total=len(tests), result=result)
+    passed = sum(bool(t.get("passed")) for t in result.tests)
+    return Verdict(passed=passed, total=len(plan.tests), result=result)
 
 
 _CACHE: OrderedDict[tuple[str, str, str], Verdict] = OrderedDict()
@@ -130,7 +145,7 @@ def judge_cached(code: str, task: Task, sandbox: SandboxConfig | None = None) ->
             _CACHE.move_to_end(key)
             return _CACHE[key]
     outcome = judge(code, task, sandbox=sandbox)
-    if outcome.result.status in ("ok", "error"):  # a sandbox failure is not worth remembering
+    if outcome.result.status != "timeout":  # a timeout may be the machine's load: judge it again
         with _CACHE_LOCK:
             _CACHE[key] = outcome
             while len(_CACHE) > _CACHE_SIZE:

@@ -4,8 +4,13 @@
   and, on failure, the traceback cut to the code's own frames. By default each environment instance
   (one episode) keeps one sandboxed session, so variables survive between turns; ``persistent:
   false`` runs every call in a fresh sandbox.
-* ``run_tests``: runs the task's visible tests against a complete solution in a fresh sandbox and
-  says which failed and why. The code environment gives it the task (:meth:`RunTestsTool.bind_task`).
+* ``run_tests``: judges a complete solution on the task's visible tests with the trusted harness
+  (the solution in a fresh sandbox, the tests outside it) and says which failed and why. The code
+  environment gives it the task (:meth:`RunTestsTool.bind_task`).
+
+Each tool owns its sandboxes through a :class:`~agent_r1_plugin_code.pool.SandboxGroup`:
+:meth:`close` (the environment calls it when the episode ends, whatever ended it) kills them at
+once, also a call still running in a thread the engine abandoned, and refuses new ones.
 
 Both append a record per call to their ``records`` list (``{"tool", "status", ...}``); the code
 environment copies the records of a turn into ``observation.info["code"]``, where the process
@@ -20,13 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_r1 import ComponentConfig, Task, Tool, ToolError
-from agent_r1_plugin_code.sandbox import (
-    ExecutionResult,
-    PythonSession,
-    SandboxConfig,
-    check_isolation,
-    run_python,
-)
+from agent_r1_plugin_code.pool import SandboxGroup, acquire_sandbox
+from agent_r1_plugin_code.sandbox import ExecutionResult, PythonSession, SandboxConfig, check_isolation
 from agent_r1_plugin_code.testcases import first_error_line, judge, short_test, strip_fences
 
 
@@ -70,6 +70,7 @@ class PythonTool(Tool):
         self.records: list[dict[str, Any]] = []
         self._session: PythonSession | None = None
         self._lock = threading.Lock()
+        self._group = SandboxGroup()
         check_isolation(self.config.sandbox)  # a machine that cannot sandbox fails now, not mid-episode
 
     def run(self, arguments: Any) -> str:
@@ -81,20 +82,29 @@ class PythonTool(Tool):
         if self.config.persistent:
             with self._lock:
                 if self._session is None:
-                    self._session = PythonSession(self.config.sandbox)
+                    self._session = acquire_sandbox(self.config.sandbox, self._group)
                 session = self._session
             result = session.run(code)
         else:
-            result = run_python(code, self.config.sandbox)
+            session = acquire_sandbox(self.config.sandbox, self._group)
+            try:
+                result = session.run(code)
+            finally:
+                self._group.release(session)
         self.records.append({"tool": self.name, "status": result.status})
         return format_execution(result)
 
     def close(self) -> None:
-        """End the episode's session (its processes are killed)."""
+        """End the episode's sandboxes now (their processes are killed, a running call included)."""
+        self._group.close()
         with self._lock:
-            if self._session is not None:
-                self._session.close()
-                self._session = None
+            self._session = None
+
+    def reopen(self) -> None:
+        """A new episode on this instance: a fresh group (the closed one keeps refusing)."""
+        with self._lock:
+            if self._group.closed:
+                self._group = SandboxGroup()
 
 
 class RunTestsTool(Tool):
@@ -123,6 +133,7 @@ class RunTestsTool(Tool):
         super().__init__(config)
         self.records: list[dict[str, Any]] = []
         self.task: Task | None = None
+        self._group = SandboxGroup()
         check_isolation(self.config.sandbox)
 
     def bind_task(self, task: Task) -> None:
@@ -144,6 +155,7 @@ class RunTestsTool(Tool):
             hidden=False,
             sandbox=self.config.sandbox,
             per_test_timeout_s=self.config.per_test_timeout_s,
+            group=self._group,
         )
         result = outcome.result
         self.records.append(
@@ -155,6 +167,15 @@ class RunTestsTool(Tool):
             }
         )
         return self.report(outcome.passed, outcome.total, result)
+
+    def close(self) -> None:
+        """Stop the sandboxes of a judgement still running (the episode ended)."""
+        self._group.close()
+
+    def reopen(self) -> None:
+        """A new episode on this instance: a fresh group (the closed one keeps refusing)."""
+        if self._group.closed:
+            self._group = SandboxGroup()
 
     def report(self, passed: int, total: int, result: ExecutionResult) -> str:
         """The text the agent reads: the count, then each failure (test and error)."""

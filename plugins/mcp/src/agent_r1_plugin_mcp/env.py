@@ -287,7 +287,8 @@ class McpEnv(ToolEnv):
             self.tool_classes[cls.name] = cls
         every = list(self.tool_classes.values())
         try:
-            self._mcp_instructions = self.format.instructions(every)
+            # system_text (ToolEnv's) now describes every tool, MCP tools included
+            self._instructions = self.format.instructions(every)
             self._mcp_stops = list(self.format.stop_sequences_for(every))
         except ValueError as exc:
             fmt = self.config.format_spec().name
@@ -297,13 +298,6 @@ class McpEnv(ToolEnv):
     @property
     def stop_sequences(self) -> list[str]:
         return list(self._mcp_stops)
-
-    def system_text(self) -> str:
-        """The system prompt and the format's description of every tool, MCP tools included."""
-        parts = [self.config.system_prompt]
-        if self.config.include_format_instructions:
-            parts.append(self._mcp_instructions)
-        return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
     @classmethod
     async def check(cls, config: McpEnvConfig) -> list[str]:

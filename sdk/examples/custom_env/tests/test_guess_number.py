@@ -97,8 +97,8 @@ def test_binary_search_wins_through_the_real_rollout_engine(secret: int) -> None
     """The engine renders the chat, tokenises the scripted actions, stops at ``</guess>``, steps the
     environment and appends its replies as environment tokens: a whole multi-turn episode."""
     import torch
-    from agent_r1.engine.rollout import RolloutEngine
     from agent_r1.registry import get_registry
+    from agent_r1.rollout.loop import RolloutEngine
     from agent_r1.testing.models import tiny_tokenizer
     from agent_r1.testing.scripted import ScriptedBackend
 
