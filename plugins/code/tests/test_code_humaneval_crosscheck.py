@@ -23,25 +23,13 @@ import pytest
 
 from agent_r1 import Task
 from agent_r1_plugin_code.sandbox import SandboxConfig, namespace_prefix
-from agent_r1_plugin_code.testcases import judge
+from agent_r1_plugin_code.testcases import judge, mutant
 
 pytestmark = [
     pytest.mark.skipif(namespace_prefix() is None, reason="needs Linux namespaces (unshare)"),
     pytest.mark.timeout(300),
 ]
 
-MUTATIONS = (
-    ("<=", "<"),
-    (">=", ">"),
-    ("==", "!="),
-    (" < ", " > "),
-    (" > ", " < "),
-    (" + ", " - "),
-    (" - ", " + "),
-    ("True", "False"),
-    ("return ", "return not "),
-)
-"""The first of these that applies turns a canonical solution into a mutant (an operator flipped)."""
 TASKS = 8
 """Problems whose wrong solutions are compared (six kinds of wrong and a control each)."""
 
@@ -85,12 +73,8 @@ def wrong_completions(task: Task) -> dict[str, str]:
     """Deliberately wrong completions of one problem, several kinds of wrong, plus one right one as a
     control (so that agreement on "passes" is checked too)."""
     canonical = task.metadata["reference_solution"]
-    mutated = canonical
-    for old, new in MUTATIONS:
-        if old in canonical:
-            mutated = canonical.replace(old, new, 1)
-            break
-    assert mutated != canonical, task.id
+    mutated = mutant(canonical)
+    assert mutated is not None, task.id
     return {
         "returns None": "    return None\n",
         "raises": "    raise ValueError('not today')\n",

@@ -165,7 +165,7 @@ def _forge():
         try:
             os.write(fd, line)
         except OSError:
-            pass
+            pass  # the attack tries every descriptor; most are closed
     os._exit(0)
 
 _forge()
@@ -189,7 +189,7 @@ def _steal():
                 try:
                     tree = ast.parse(text)
                 except (SyntaxError, TypeError, ValueError):
-                    continue
+                    continue  # not test source: the attack looks further
                 for node in ast.walk(tree):
                     if isinstance(node, ast.Compare) and len(node.comparators) == 1:
                         sides = (node.left, node.comparators[0])
@@ -198,7 +198,7 @@ def _steal():
                                 key = repr(tuple(ast.literal_eval(a) for a in call.args))
                                 ANSWERS[key] = ast.literal_eval(other)
                             except (AttributeError, ValueError):
-                                pass
+                                pass  # not a literal comparison: nothing to steal
         frame = frame.f_back
 
 _steal()
@@ -217,7 +217,7 @@ def add(a, b):
             try:
                 os.write(fd, (line + "\\n").encode())
             except OSError:
-                pass
+                pass  # the attack tries every descriptor; most are closed
     return a + b + 1
 """
 
@@ -328,6 +328,51 @@ HACKS = [
         "    __hash__ = int.__hash__\n\n"
         "def add(a, b):\n    return 3 if (a, b) == (1, 2) else Anything(0)\n",
         really_passes=1,
+    ),
+    # Attacks on the judge's own resources and on the reply channel from outside the call itself
+    Hack(
+        "a value nested 200,000 lists deep (to crash the trusted decoder)",
+        "sorted_copy",
+        "def sorted_copy(xs):\n    x = []\n    for _ in range(200000):\n        x = [x]\n    return x\n",
+    ),
+    Hack("a 300 MB return value", "shout", "def shout(s):\n    return 'A' * (300 * 1024 * 1024)\n"),
+    Hack(
+        "10 MB written to stdout around the reply",
+        "add",
+        "import sys\ndef add(a, b):\n    sys.stdout.write('x' * 10_000_000)\n    return 0\n",
+    ),
+    Hack(
+        "a background thread writing forged replies to every descriptor",
+        "add",
+        "import json, os, threading, time\n\n"
+        "def _forge():\n"
+        "    while True:\n"
+        "        for request_id in range(8):\n"
+        "            line = (json.dumps({'id': request_id, 'value': 3}) + '\\n').encode()\n"
+        "            for fd in range(3, 64):\n"
+        "                try:\n"
+        "                    os.write(fd, line)\n"
+        "                except OSError:\n"
+        "                    pass  # most descriptors are closed\n"
+        "        time.sleep(0.001)\n\n"
+        "threading.Thread(target=_forge, daemon=True).start()\n\n"
+        "def add(a, b):\n    time.sleep(0.05)\n    return 0\n",
+    ),
+    Hack(
+        "a forked child answering the next requests",
+        "add",
+        "import json, os\n\n"
+        "def add(a, b):\n"
+        "    if os.fork() == 0:\n"
+        "        for request_id in range(50):\n"
+        "            line = (json.dumps({'id': request_id, 'value': 15}) + '\\n').encode()\n"
+        "            for fd in range(3, 64):\n"
+        "                try:\n"
+        "                    os.write(fd, line)\n"
+        "                except OSError:\n"
+        "                    pass  # most descriptors are closed\n"
+        "        os._exit(0)\n"
+        "    return 0\n",
     ),
 ]
 

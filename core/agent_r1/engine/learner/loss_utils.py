@@ -108,13 +108,20 @@ estimators, DAPO's dynamic filter, the ``batch/zero_variance_groups`` metric and
 rows with zero advantage all use this one definition."""
 
 
+def within_flat_tolerance(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Elementwise: values spanning ``low .. high`` are all equal in the sense of
+    :data:`FLAT_GROUP_RTOL` (true where ``high < low``, an empty span, and where either is NaN)."""
+    scale = torch.maximum(low.abs(), high.abs()).clamp(min=1.0)
+    return ~(high - low > FLAT_GROUP_RTOL * scale)
+
+
 def scores_all_equal(scores: Sequence[float]) -> bool:
     """True when ``scores`` are all equal in the sense of :data:`FLAT_GROUP_RTOL` (an empty list
     or a single score is all equal)."""
     if len(scores) < 2:
         return True
-    low, high = min(scores), max(scores)
-    return high - low <= FLAT_GROUP_RTOL * max(1.0, abs(low), abs(high))
+    span = torch.tensor([min(scores), max(scores)], dtype=torch.float64)
+    return bool(within_flat_tolerance(span[0], span[1]))
 
 
 class GroupStats(NamedTuple):
@@ -157,8 +164,7 @@ def index_stats(
     high = zeros.clone().scatter_reduce_(
         0, index, torch.where(members, values, -inf), "amax", include_self=False
     )
-    scale = torch.maximum(low.abs(), high.abs()).clamp(min=1.0)  # [G]
-    flat = ~(high - low > FLAT_GROUP_RTOL * scale)  # [G]; a group without members is flat (NaN-safe)
+    flat = within_flat_tolerance(low, high)  # [G]; a group without members is flat
     std = torch.where(flat, 0.0, std)
     return GroupStats(count[index], total[index], mean[index], std[index], flat[index])
 
@@ -463,4 +469,5 @@ __all__ = [
     "scores_all_equal",
     "tis_weights",
     "token_logprobs",
+    "within_flat_tolerance",
 ]

@@ -271,7 +271,7 @@ class _Judgement:
         try:
             return to_plain(value)
         except NotPlainData:
-            pass
+            pass  # not data: it may still cross by name (a module) or by reference (a setup object)
         if isinstance(value, types.ModuleType) and name:
             return {"module": value.__name__}
         refs = {

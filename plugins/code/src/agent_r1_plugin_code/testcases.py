@@ -185,3 +185,27 @@ def short_test(statement: str, limit: int = 200) -> str:
 
 def metadata_tests(metadata: dict[str, Any]) -> list[str]:
     return list(metadata.get("tests") or [])
+
+
+OPERATOR_FLIPS = (
+    ("<=", "<"),
+    (">=", ">"),
+    ("==", "!="),
+    (" < ", " > "),
+    (" > ", " < "),
+    (" + ", " - "),
+    (" - ", " + "),
+    ("True", "False"),
+    ("return ", "return not "),
+)
+"""Edits that turn a right solution into a wrong one, tried in this order (cross-checks of the
+verdicts against another harness, and the judging benchmark)."""
+
+
+def mutant(code: str) -> str | None:
+    """``code`` with the first applicable edit of :data:`OPERATOR_FLIPS` (one occurrence), or
+    ``None`` when none applies."""
+    for old, new in OPERATOR_FLIPS:
+        if old in code:
+            return code.replace(old, new, 1)
+    return None
