@@ -24,7 +24,14 @@ arms are charged the same FLOPs for the same work, so sharing a prompt's prefill
 shows as a higher MFU. The peak is NVIDIA's datasheet figure for the chip (989.4 TFLOP/s for
 H100 SXM and H200, without sparsity) or ``--peak-tflops``.
 
+* **Sharding** (``--sections sharding``): agent-r1's ``update`` with ``trainer.sharding: fsdp2``
+  (one process: FSDP2 units, gathers and the sharded optimizer, nothing split) against the same
+  update unsharded, each on its own copy of the model; then, on the sharded session, the
+  checkpoint state gathered (``Session.state_dict``), the export copy (``Session.exportable``)
+  and one ``hf`` rollout of every row from the gathered policy. Tokens per second and peak memory.
+
     python benchmarks/bench_gpu.py                 # the Qwen2.5-0.5B shape, bf16, on the GPU
+    python benchmarks/bench_gpu.py --sections sharding   # the FSDP2 check alone
     python benchmarks/bench_gpu.py --smoke         # a tiny shape in fp32 on the CPU (the tests run it)
 
 Writes ``results.json`` and ``results.md`` to ``--out`` (default ``runs/bench_gpu/<time>``).
@@ -389,8 +396,8 @@ def markdown(results: dict[str, Any]) -> str:
         "| section | arm | median s | tokens/s | MFU | peak GPU memory GiB |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for section in ("rollout", "training"):
-        for arm, row in results[section].items():
+    for section in ("rollout", "training", "sharding"):
+        for arm, row in results.get(section, {}).items():
             if not isinstance(row, dict) or "median_s" not in row:
                 continue
             mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
@@ -402,6 +409,16 @@ def markdown(results: dict[str, Any]) -> str:
         f"Rollout: agent-r1 / model.generate speed-up {results['rollout']['speedup']:.2f}x; "
         f"training: agent-r1 / plain step speed-up {results['training']['speedup']:.2f}x.",
     ]
+    if "sharding" in results:
+        sharding = results["sharding"]
+        session = sharding["sharded session"]
+        lines.append(
+            f"Sharding (FSDP2, one process): update {sharding['step_time_ratio']:.2f}x the unsharded "
+            f"update's time ({sharding['update, sharding fsdp2']['tokens_per_s']:,.0f} vs "
+            f"{sharding['update, unsharded']['tokens_per_s']:,.0f} tokens/s); checkpoint gather "
+            f"{session['checkpoint_gather_s']:.2f} s, export copy {session['export_copy_s']:.2f} s, "
+            f"hf rollout {session['rollout_tokens_per_s']:,.0f} tokens/s."
+        )
     split = results["training"]["agent-r1 update"].get("split_s", {})
     if split:
         lines.append(
@@ -413,6 +430,87 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sharding_section(
+    shape: dict[str, Any], tokenizer: Any, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """The update with ``trainer.sharding: fsdp2`` against the unsharded update, then the sharded
+    session's checkpoint gather, export copy and one rollout (see the module docstring)."""
+    import agent_r1.builtins
+    import agent_r1.testing.toy as toy
+    from agent_r1.config import RunConfig, validate_components
+    from agent_r1.contracts import SamplingParams
+    from agent_r1.engine import build_session
+    from agent_r1.engine.update import update
+    from agent_r1.registry import Registry, get_registry, reset_registry
+
+    registry = get_registry()
+    registry.load()
+    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
+        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
+    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    vocab = int(shape["vocab_size"])
+    prompts = make_prompts(args.tasks, args.group, args.prompt, vocab, args.seed)
+    sessions = {}
+    for mode in ("fsdp2", "none"):
+        run_dir = Path(args.out) / f"session-{mode}"
+        raw = run_config(args, run_dir, device)
+        raw["trainer"]["sharding"] = mode
+        raw["model"]["dtype"] = str(dtype).removeprefix("torch.")
+        run = RunConfig.model_validate(raw)
+        model = build_model(shape, device, dtype, args.seed)
+        sessions[mode] = build_session(
+            run,
+            validate_components(run, registry),
+            run_dir,
+            registry=registry,
+            model=model,
+            tokenizer=tokenizer,
+        )
+
+    def arm(mode: str) -> Callable[[], float]:
+        def step() -> float:
+            batch = trajectories(prompts, args, vocab)
+            update(sessions[mode], batch)
+            return float(sum(len(t) for t in batch))
+
+        return step
+
+    results: dict[str, Any] = alternate(
+        {"update, sharding fsdp2": arm("fsdp2"), "update, unsharded": arm("none")}, args.repeats, device
+    )
+    for row in results.values():
+        row["tokens_per_s"] = row.pop("units_per_s")
+        row["tokens"] = row.pop("units")
+    sharded = sessions["fsdp2"]
+    timings: dict[str, float] = {}
+    memory: dict[str, float] = {}
+    with peak_memory(device, memory):
+        for name, call in (
+            ("checkpoint_gather_s", sharded.state_dict),
+            ("export_copy_s", sharded.exportable),
+        ):
+            sync(device)
+            started = time.perf_counter()
+            call()
+            sync(device)
+            timings[name] = time.perf_counter() - started
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.new, seed=args.seed)
+        started = time.perf_counter()
+        with sharded.rollout_weights(), torch.no_grad():
+            generations = sharded.backend.generate(prompts, sampling)
+        sync(device)
+        timings["rollout_s"] = time.perf_counter() - started
+    timings["rollout_tokens_per_s"] = sum(len(g.token_ids) for g in generations) / timings["rollout_s"]
+    results["sharded session"] = {**timings, **memory}
+    results["step_time_ratio"] = (
+        results["update, sharding fsdp2"]["median_s"] / results["update, unsharded"]["median_s"]
+    )
+    for session in sessions.values():
+        session.close()
+    reset_registry(Registry())
+    return results
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shape, fp32, CPU, few tokens")
@@ -422,7 +520,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new", type=int, default=512, help="generated (action) tokens per row")
     parser.add_argument("--micro", type=int, default=16, help="rows per training micro-batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per arm, alternating")
-    parser.add_argument("--sections", default="rollout,training", help="comma-separated")
+    parser.add_argument("--sections", default="rollout,training,sharding", help="comma-separated")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak, for MFU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one more step of each training arm")
@@ -478,6 +576,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "training" in sections:
         results["training"] = training_section(model, tokenizer, args, device)
         print(json.dumps(results["training"], default=str), flush=True)
+    if "sharding" in sections:
+        results["sharding"] = sharding_section(shape, tokenizer, args, device, dtype)
+        print(json.dumps(results["sharding"], default=str), flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     if {"rollout", "training"} <= sections:
         (out / "results.md").write_text(markdown(results), encoding="utf-8")

@@ -45,8 +45,17 @@ def test_bench_gpu_smoke_runs_both_sections(tmp_path: Path) -> None:
     )
     split = training["agent-r1 update"]["split_s"]
     assert split["time/forward_backward_s"] > 0 and split["time/optimizer_s"] > 0
+    sharding = results["sharding"]
+    sharded, plain = sharding["update, sharding fsdp2"], sharding["update, unsharded"]
+    assert (
+        sharded["tokens"] == plain["tokens"] == rows * (results["setup"]["prompt"] + results["setup"]["new"])
+    )
+    session = sharding["sharded session"]
+    assert session["checkpoint_gather_s"] > 0 and session["export_copy_s"] > 0
+    assert session["rollout_tokens_per_s"] > 0
     report = (out / "results.md").read_text(encoding="utf-8")
     assert "| training | agent-r1 update |" in report and "| rollout | model.generate |" in report
+    assert "| sharding | update, sharding fsdp2 |" in report and "Sharding (FSDP2, one process)" in report
 
     (out / "results.md").unlink()
     rewrite = subprocess.run(

@@ -93,13 +93,15 @@ def test_truncated_weights(site: Path, tmp_path: Path) -> None:
 
 def test_a_launch_for_sharded_training_stops_before_the_model_loads(site: Path, tmp_path: Path) -> None:
     # `accelerate launch` with an FSDP configuration file sets ACCELERATE_USE_FSDP for the process;
-    # on this CPU machine accelerate would silently train with DDP instead, so preflight refuses it.
+    # agent-r1 shards itself (trainer.sharding: fsdp2), so a config left at 'none' is refused.
     model_dir = write_tiny_checkpoint(tmp_path / "model")
     config, _ = _train_config(tmp_path, model_dir)
     message = _error(agent_r1(["train", str(config)], site, ACCELERATE_USE_FSDP="true"))
     assert "launched for sharded training with FSDP (ACCELERATE_USE_FSDP=true)" in message
-    assert "which agent-r1 does not support yet" in message and "docs/gpu.md" in message
+    assert "set trainer.sharding: fsdp2" in message and "docs/gpu.md" in message
     assert not (tmp_path / "runs").exists(), "a refused run left a run directory"
+    message = _error(agent_r1(["train", str(config)], site, ACCELERATE_USE_DEEPSPEED="true"))
+    assert "DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which agent-r1 does not support" in message
 
 
 def test_missing_tokenizer_files(site: Path, tmp_path: Path) -> None:

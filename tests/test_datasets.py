@@ -97,7 +97,7 @@ def test_custom_fields(tmp_path: Path) -> None:
     ("content", "options", "expected"),
     [
         ('{"question": "a", "answer": 1}\n{"question": "b"\n', {}, "rows.jsonl:2: not valid JSON"),
-        ('{"question": "a", "answer": 1}\n[1, 2]\n', {}, "rows.jsonl:2: expected an object, got list"),
+        ('{"question": "a", "answer": 1}\n[1, 2]\n', {}, "rows.jsonl:2: expected a JSON object, got list"),
         (
             '{"q": "a", "answer": 1}\n',
             {},
@@ -153,3 +153,52 @@ def test_train_and_eval_files_must_not_share_ids(tmp_path: Path) -> None:
     clash.write_text('{"id": "q1", "question": "x", "answer": "y"}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"task ids \['q1'\] appear in both"):
         JsonlTasks({"path": str(TRAIN), "eval_path": str(clash)}).load("train")
+
+
+def test_one_record_reader_for_core_and_plugins(tmp_path: Path) -> None:
+    """``agent_r1.records.read_records`` (the reader of jsonl_tasks and the plugins' datasets and
+    corpora): gzip-compressed files and ``{"data": [...]}`` JSON read like plain ones, a truncated
+    gzip stream and a non-object record raise the caller's error type naming the file and line."""
+    import gzip
+
+    from agent_r1.records import read_records, split_key, tail_split
+
+    rows = ['{"question": "a", "answer": 1}', '{"question": "b", "answer": 2}']
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress("\n".join(rows).encode()))
+    wrapped = tmp_path / "rows.json"
+    wrapped.write_text('{"data": [' + ", ".join(rows) + "]}", encoding="utf-8")
+    assert [t.answer for t in JsonlTasks({"path": str(packed)}).load("train")] == [1, 2]
+    assert [t.id for t in JsonlTasks({"path": str(wrapped)}).load("train")] == ["rows:0", "rows:1"]
+
+    class Mine(Exception):
+        pass
+
+    broken = tmp_path / "cut.jsonl.gz"
+    broken.write_bytes(gzip.compress("\n".join(rows * 50).encode())[:-12])
+    with pytest.raises(Mine, match=f"cannot read {broken}"):
+        list(read_records(broken, error=Mine))
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text(rows[0] + "\n\n[1]\n", encoding="utf-8")
+    with pytest.raises(Mine, match=r"listed\.jsonl:3: expected a JSON object, got list"):
+        list(read_records(listed, error=Mine))
+    assert split_key("d", "validation") == "eval" and tail_split(
+        list(range(10)), "eval", eval_size=None, eval_fraction=0.25
+    ) == [7, 8, 9]
+    assert tail_split([1], "eval", eval_size=5, eval_fraction=0.0) == []  # one row stays train
+    with pytest.raises(Mine, match="dataset 'd' has no split 'dev2'"):
+        split_key("d", "dev2", error=Mine)
+
+
+def test_lazy_exports_import_on_first_use_and_refuse_a_bare_string() -> None:
+    import sys
+
+    from agent_r1.lazy import lazy_dir, lazy_getattr
+
+    getter = lazy_getattr("agent_r1", {".records": ("read_records",)})
+    assert getter("read_records") is sys.modules["agent_r1.records"].read_records
+    assert "read_records" in lazy_dir("agent_r1", {".records": ("read_records",)})()
+    with pytest.raises(AttributeError, match="module 'agent_r1' has no attribute 'nope'"):
+        getter("nope")
+    with pytest.raises(TypeError, match="must be a tuple of names"):
+        lazy_getattr("agent_r1", {".records": ("read_records")})  # type: ignore[dict-item]

@@ -49,19 +49,20 @@ def test_a_good_config_passes_every_check_and_creates_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "preflight created files"
 
 
-@pytest.mark.parametrize(
-    ("variable", "label"),
-    [("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")],
-)
-def test_a_sharded_accelerate_launch_fails(
-    registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, label: str
+def test_the_launch_and_the_sharding_setting_must_agree(
+    registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(variable, "true")
-    report = _report(registry, model_dir, tmp_path / "run")
-    failure = _messages(report, "distributed", "fail")
-    assert f"sharded training with {label} ({variable}=true)" in failure, report.as_dicts()
-    assert "LoRA" in failure
-    monkeypatch.setenv(variable, "false")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    failure = _messages(_report(registry, model_dir, tmp_path / "run"), "distributed", "fail")
+    assert "DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which agent-r1 does not support" in failure
+    monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    failure = _messages(_report(registry, model_dir, tmp_path / "run"), "distributed", "fail")
+    assert "FSDP (ACCELERATE_USE_FSDP=true), but trainer.sharding is 'none'" in failure
+    sharded = {"trainer": {"sharding": "fsdp2"}}
+    ok = _messages(_report(registry, model_dir, tmp_path / "run", **sharded), "distributed", "ok")
+    assert "FSDP2 sharding over 1 process(es) (nothing to split on one process)" in ok
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")
     assert "data parallel (DDP) over" in _messages(
         _report(registry, model_dir, tmp_path / "run"), "distributed", "ok"
     )

@@ -9,7 +9,7 @@ Importing this package loads no plugin and no torch.
 
 from __future__ import annotations
 
-from agent_r1 import _lazy
+from agent_r1 import lazy
 from agent_r1.contracts import (
     AdvantageEstimator,
     AdvantageInput,
@@ -61,7 +61,7 @@ from agent_r1.mdp import (
 __version__ = "0.1.0"
 
 # Bases that plugins subclass but that live in heavier modules, imported on first use.
-__getattr__ = _lazy.lazy_getattr(
+__getattr__ = lazy.lazy_getattr(
     "agent_r1",
     {
         "agent_r1.contracts": ("ComponentSpec", "RewardSpec"),

@@ -309,6 +309,31 @@ class AlgorithmConfig(_Section):
         return self
 
 
+class ShardingConfig(_Section):
+    """How ``trainer.sharding: fsdp2`` splits the trained models across processes (torch's
+    ``fully_shard``; see docs/gpu.md)."""
+
+    reshard_after_forward: bool = Field(
+        True,
+        description="free a block's gathered parameters after its forward pass (less memory; "
+        "gathered again for backward)",
+    )
+    cpu_offload: bool = Field(
+        False, description="keep the parameter, gradient and optimizer shards in CPU memory"
+    )
+    param_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="dtype of the gathered parameters in forward/backward (None: as loaded)"
+    )
+    reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = Field(
+        None, description="dtype of the gradient reduce-scatter (None: the parameters' dtype)"
+    )
+    wrap: list[str] = Field(
+        default_factory=list,
+        description="class names of the blocks that get their own unit (empty: the model's "
+        "_no_split_modules, its decoder layers)",
+    )
+
+
 class TrainerConfig(_Section):
     """The optimisation loop."""
 
@@ -346,6 +371,12 @@ class TrainerConfig(_Section):
         "(an environment step or a reward shaper raised); such episodes are never trained on",
     )
     eval_every: int = Field(0, ge=0, description="0 evaluates only before and after training")
+    sharding: Literal["none", "fsdp2"] = Field(
+        "none",
+        description="'fsdp2': split parameters, gradients and optimizer state across the processes "
+        "(torch's fully_shard; CPU with gloo, GPUs with NCCL); 'none': every process holds everything (DDP)",
+    )
+    fsdp: ShardingConfig = Field(default_factory=ShardingConfig, description="options of sharding: fsdp2")
 
 
 class EvalConfig(_Section):

@@ -495,3 +495,27 @@ def test_a_hanging_trl_tool_times_out_into_an_observation() -> None:
     assert trajectory.termination == "answer"  # the episode went on after the failed call
     with pytest.raises(IntegrationError, match="call_timeout_s"):
         TRLEnvironment(SlowLookupEnv, call_timeout_s=0)
+
+
+def test_trl_tool_calls_are_read_by_agent_r1_s_hermes_parser() -> None:
+    """TRLEnvironment reads calls with the same parser as the hermes format: arguments are checked
+    against the method's schema (a missing one is a parse error the agent reads, the method is not
+    called), and a call whose closing tag the backend left out still runs."""
+    from agent_r1.mdp import Task
+
+    SlowLookupEnv.active = SlowLookupEnv.peak = 0
+    responses = [
+        '<tool_call>\n{"name": "lookup", "arguments": {}}\n</tool_call>',
+        '<tool_call>{"name": "lookup", "arguments": {"key": "a"}}',
+    ]
+    engine = _lookup_engine([*responses, "done"])
+    engine.max_turns = 3
+    task = Task(id="p", messages=[{"role": "user", "content": "x"}], answer=1)
+    [trajectory] = engine.collect([task], 1, seed=0)
+    first, second, last = (step.observation for step in trajectory.steps)
+    assert first.tool_results == [] and first.parse_errors == [
+        "tool call 1 (lookup): missing required argument 'key'."
+    ]
+    assert [m["content"] for m in first.messages] == [f"Error: {first.parse_errors[0]}"]
+    assert [r.content for r in second.tool_results] == ["a=ok"] and second.parse_errors == []
+    assert last.termination == "answer" and SlowLookupEnv.peak == 1

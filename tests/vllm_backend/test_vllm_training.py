@@ -101,3 +101,50 @@ def test_training_with_the_vllm_backend_raises_the_reward(tiny_dir: Path, tmp_pa
         session.backend.close()
     finally:
         reset_registry()
+
+
+@pytest.mark.parametrize("lora_sync", [None, "adapter"], ids=["full", "lora-adapter"])
+def test_a_sharded_policy_streams_its_gathered_weights_to_vllm(
+    lora_sync: str | None, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """``trainer.sharding: fsdp2`` (one process: the policy's parameters are DTensors): every
+    sync gathers the weights one tensor at a time (or the adapter's only) into vLLM, which then
+    samples what the trainer's gathered policy computes."""
+    from agent_r1.engine import build_session, train_step
+    from agent_r1.engine.learner.sharding import is_sharded
+    from agent_r1.models.loading import load_tokenizer
+
+    registry = toy_registry()
+    backend_options: dict[str, Any] = {"name": "vllm", "max_model_len": 256, "kv_cache_gb": 0.25}
+    extra: dict[str, Any] = {}
+    if lora_sync is not None:
+        backend_options.update(lora_sync=lora_sync, max_lora_rank=8)
+        extra["model"] = {"path": str(tiny_dir), "lora": {"r": 8, "alpha": 16}}
+    try:
+        config = toy_config(
+            tiny_dir,
+            tmp_path / "run",
+            rollout={"backend": backend_options},
+            trainer={"steps": 3, "checkpoint_every": 0, "sharding": "fsdp2"},
+            **extra,
+        )
+        run = RunConfig.model_validate(config)
+        session = build_session(run, validate_components(run, registry), tmp_path / "run", registry=registry)
+        assert is_sharded(session.model)
+        kl = []
+        for _ in range(3):
+            result = train_step(session)
+            kl.append(result.metrics.get("rollout/mismatch/kl_k3", 0.0))
+        assert session.backend.policy_version == 3
+        assert max(kl) < 1e-4, f"vLLM does not sample the trained policy: mismatch KL {kl}"
+        tokenizer = load_tokenizer(tiny_dir)
+        prompts = [tokenizer.encode(text) for text in ("hello there", "write digits")]
+        with session.rollout_weights():
+            expected = _greedy(HFBackend({}, model=session.unwrapped, tokenizer=tokenizer), prompts)
+        assert _greedy(session.backend, prompts) == expected
+        synced = session.backend.step_metrics()["backend/sync_tensors"]
+        names = [n for n in session.unwrapped.state_dict() if lora_sync is None or "lora_" in n]
+        assert synced == len(names) > 0
+        session.backend.close()
+    finally:
+        reset_registry()

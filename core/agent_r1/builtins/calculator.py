@@ -25,7 +25,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from agent_r1.builtins.tool_env import ToolEnv, ToolError
-from agent_r1.contracts import ComponentConfig, ComponentSpec, Dataset, EpisodeStart, Tool
+from agent_r1.contracts import ComponentConfig, ComponentSpec, Dataset, Tool
 from agent_r1.mdp import Message, Task, ToolCall, ToolResult
 
 # --------------------------------------------------------------------------------------------
@@ -584,14 +584,6 @@ class CalculatorEnv(ToolEnv):
             return value
 
     config: Config
-
-    async def reset(self, task: Task) -> EpisodeStart:
-        start = await super().reset(task)
-        examples = self.few_shot_messages()
-        if examples:
-            at = 1 if start.messages and start.messages[0].get("role") == "system" else 0
-            start.messages[at:at] = examples
-        return start
 
     def few_shot_messages(self) -> list[Message]:
         """The worked examples as messages: user question, assistant call, the result message(s),

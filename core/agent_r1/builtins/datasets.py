@@ -33,7 +33,6 @@ Every problem with a file names the file and the row (line, index or split and i
 
 from __future__ import annotations
 
-import json
 import random
 import string
 import warnings
@@ -47,6 +46,7 @@ from pydantic import Field, model_validator
 from agent_r1.contracts import ComponentConfig, Dataset
 from agent_r1.errors import ConfigError
 from agent_r1.mdp import Message, Task
+from agent_r1.records import read_records
 
 Row = tuple[str, str, dict[str, Any]]
 """``(where, fallback id, row)``: where the row is (``file:line``, ``file[index]``...) for messages,
@@ -324,41 +324,13 @@ def _read_json_rows(path: Path, config_key: str) -> list[Row]:
             "data.name: parquet_tasks (same options)",
             path="data.name",
         )
-    rows: list[Row] = []
-    if path.suffix == ".json":
-        try:
-            loaded = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON: {exc}", path=f"data.{config_key}") from None
-        if not isinstance(loaded, list):
-            raise ConfigError(
-                f"{path}: a .json task file must hold a list of objects, got {type(loaded).__name__} "
-                "(use .jsonl for one object per line)",
-                path=f"data.{config_key}",
-            )
-        for index, row in enumerate(loaded):
-            where = f"{path}[{index}]"
-            if not isinstance(row, dict):
-                raise ConfigError(
-                    f"{where}: expected an object, got {type(row).__name__}", path=f"data.{config_key}"
-                )
-            rows.append((where, f"{path.stem}:{index}", row))
-        return rows
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError(f"{where}: not valid JSON: {exc}", path=f"data.{config_key}") from None
-            if not isinstance(row, dict):
-                raise ConfigError(
-                    f"{where}: expected an object, got {type(row).__name__}", path=f"data.{config_key}"
-                )
-            rows.append((where, f"{path.stem}:{number}", row))
-    return rows
+    key = f"data.{config_key}"
+    records = read_records(
+        path,
+        error=lambda message: ConfigError(message, path=key),
+        json_advice="use .jsonl for one object per line",
+    )
+    return [(where, f"{path.stem}:{position}", row) for where, position, row in records]
 
 
 class JsonlTasks(_FileTasks):

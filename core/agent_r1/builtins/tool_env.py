@@ -325,7 +325,8 @@ class ToolEnv(Environment):
 
     async def reset(self, task: Task) -> EpisodeStart:
         """``task.messages`` with :meth:`system_text` merged in front of the system message (one is
-        created when absent), plus the tool schemas when the format puts them in the template."""
+        created when absent) and :meth:`few_shot_messages` right after it, plus the tool schemas
+        when the format puts them in the template."""
         messages: list[Message] = [dict(message) for message in task.messages]
         addition = self.system_text()
         if addition:
@@ -334,8 +335,16 @@ class ToolEnv(Environment):
                 messages[0]["content"] = f"{addition}\n\n{existing}" if existing else addition
             else:
                 messages.insert(0, {"role": "system", "content": addition})
+        at = 1 if messages and messages[0].get("role") == "system" else 0
+        messages[at:at] = self.few_shot_messages()
         tools = [tool.schema() for tool in self.tools.values()] if self.format.tools_in_template else []
         return EpisodeStart(messages=messages, tools=tools)
+
+    def few_shot_messages(self) -> list[Message]:
+        """Worked examples shown as earlier turns of every episode, between the system message and
+        the task (none by default). Override to demonstrate tool use: write the calls with
+        ``self.format`` so that they look exactly like the policy's own."""
+        return []
 
     def parse(self, action: Action) -> ParsedAction:
         """Parse ``action.text`` with the format and apply ``max_calls_per_turn``."""

@@ -286,14 +286,23 @@ class VLLMBackend(RolloutBackend):
         self.sync_stats["backend/policy_version"] = float(version)
 
     def _load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> int:
-        """Hand ``(name, tensor)`` pairs with Hugging Face names to the engine's worker, which
-        reloads them in place through the model's own ``load_weights`` (vLLM's layerwise reload:
-        it re-runs the post-loading processing, e.g. the CPU kernels' weight repacking)."""
-        pairs = list(weights)
+        """Stream ``(name, tensor)`` pairs with Hugging Face names to the engine's worker (in this
+        process), which reloads them in place through the model's own ``load_weights`` (vLLM's
+        layerwise reload: it re-runs the post-loading processing, e.g. the CPU kernels' weight
+        repacking). One tensor is in flight at a time: a sharded policy is gathered parameter by
+        parameter, never whole."""
+        count = 0
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal count
+            for pair in weights:
+                count += 1
+                yield pair
+
         self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": iter(pairs), "is_checkpoint_format": True}
+            "reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True}
         )
-        return len(pairs)
+        return count
 
     def _swap_adapter(self, model: Any, version: int) -> int:
         """Save the adapter into the memory-backed scratch directory and serve it as a new LoRA."""
@@ -302,7 +311,9 @@ class VLLMBackend(RolloutBackend):
         directory = self._scratch / f"adapter-v{version}"
         if directory.exists():
             shutil.rmtree(directory)
-        model.save_pretrained(str(directory))
+        # the adapter's tensors only, each gathered whole when the policy is sharded
+        adapter = {k: _gathered(v.detach()) for k, v in model.state_dict().items() if "lora_" in k}
+        model.save_pretrained(str(directory), state_dict=adapter)
         previous = self._lora_request
         self._lora_request = LoRARequest(f"policy-v{version}", version + 1, str(directory))
         if previous is not None:
@@ -475,9 +486,16 @@ def _lora_rank(model: Any) -> int:
 
 
 def _full_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's parameters and persistent buffers under their Hugging Face names."""
+    """The model's parameters and persistent buffers under their Hugging Face names (a sharded
+    model's gathered one at a time: every process of the run must iterate them together)."""
     for name, tensor in model.state_dict().items():
-        yield name, tensor.detach()
+        yield name, _gathered(tensor.detach())
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The full tensor of a shard (``trainer.sharding: fsdp2``), or the tensor itself."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if callable(full) else tensor
 
 
 def _merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -494,7 +512,7 @@ def _merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in base.state_dict().items():
         if "lora_" in name:
             continue
-        weight = tensor.detach()
+        weight = _gathered(tensor.detach())
         if name in deltas:
-            weight = weight + deltas[name].to(weight.dtype)
+            weight = weight + _gathered(deltas[name]).to(weight.dtype)
         yield name.replace(".base_layer.", "."), weight

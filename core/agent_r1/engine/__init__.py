@@ -14,7 +14,7 @@ Names are imported on first use, so ``import agent_r1.engine`` stays light.
 
 from __future__ import annotations
 
-from agent_r1 import _lazy, _moved
+from agent_r1 import _moved, lazy
 
 _moved.install()  # the old paths of modules that moved (agent_r1.engine.learner.batch, ...) keep working
 
@@ -41,7 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this p
 }
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
-__getattr__ = _lazy.lazy_getattr(__name__, _EXPORTS)
+__getattr__ = lazy.lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

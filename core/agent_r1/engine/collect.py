@@ -28,8 +28,9 @@ from agent_r1.engine.learner.loss_utils import scores_all_equal
 from agent_r1.engine.session import Session
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import RewardSignal, Task, Trajectory
+from agent_r1.rollout.generation import RolloutRequest
 
-__all__ = ["all_gather", "collect", "flat_groups", "rollout", "rollout_all", "score", "step_seed"]
+__all__ = ["all_gather", "collect", "flat_groups", "rollout", "score", "step_seed"]
 
 
 def step_seed(session: Session, step: int, round_: int = 0) -> int:
@@ -46,16 +47,25 @@ def rollout(
     temperature: float,
     salt: str,
     progress: str | None = None,
+    spread: bool = False,
 ) -> list[Trajectory]:
     """Roll out ``tasks`` (each ``group_size`` times) with the current policy, then score them.
-    ``progress`` labels a progress bar of finished episodes (main process only)."""
+    ``progress`` labels a progress bar of finished episodes (main process only). With ``spread``
+    the tasks are shared out across processes and every process gets all trajectories back
+    (evaluation)."""
     from agent_r1.engine.reports.progress import EpisodeProgress
 
     assert session.source is not None
+    if spread:
+        tasks = tasks[session.rank :: session.world]
     session.unwrapped.eval()
     enabled = progress is not None and session.is_main
-    with EpisodeProgress(progress or "", enabled=enabled) as bar, torch.no_grad():
-        trajectories = session.source.rollout(
+    with (
+        EpisodeProgress(progress or "", enabled=enabled) as bar,
+        torch.no_grad(),
+        session.rollout_weights(),
+    ):
+        request = RolloutRequest(
             tasks,
             group_size,
             seed=seed,
@@ -65,36 +75,13 @@ def rollout(
             decoding=session.decoding or session.config.rollout.decoding,
             on_progress=bar.update,
         )
+        trajectories = session.source.rollout(request)
     started = time.perf_counter()
     score(session, trajectories, {t.id: t for t in tasks})
     elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
     for trajectory in trajectories:  # the scoring time, shared out, so that steps can sum it
         trajectory.metrics["reward_s"] = elapsed
-    return trajectories
-
-
-def rollout_all(
-    session: Session,
-    tasks: list[Task],
-    group_size: int,
-    *,
-    seed: int,
-    temperature: float,
-    salt: str,
-    progress: str | None = None,
-) -> list[Trajectory]:
-    """:func:`rollout` with the tasks shared out across processes; every process gets all
-    trajectories back (evaluation)."""
-    mine = rollout(
-        session,
-        tasks[session.rank :: session.world],
-        group_size,
-        seed=seed,
-        temperature=temperature,
-        salt=salt,
-        progress=progress,
-    )
-    return all_gather(session, mine)
+    return all_gather(session, trajectories) if spread else trajectories
 
 
 def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str, Task]) -> None:
@@ -137,11 +124,19 @@ def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str,
 def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """This process's scored trajectories for training step ``step``, the episodes set aside because
     their environment or a reward shaper failed, and rollout metrics."""
-    config = session.config
-    group_size, temperature = config.rollout.group_size, config.rollout.temperature
     started = time.perf_counter()
     assert session.source is not None
     session.source.step_metrics()  # drop the figures of evaluation rollouts since the last step
+    with session.rollout_weights():  # sharded: gathered once for every rollout of the step
+        return _collect(session, step, started)
+
+
+def _collect(
+    session: Session, step: int, started: float
+) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    config = session.config
+    group_size, temperature = config.rollout.group_size, config.rollout.temperature
+    assert session.source is not None
     tasks = _my_tasks(session)
     seen = {t.id: t for t in tasks}
     trajectories = rollout(

@@ -40,6 +40,7 @@ from agent_r1.engine.source import EngineSource, RolloutSource
 from agent_r1.errors import AgentR1Error, ConfigError
 from agent_r1.mdp import Task
 from agent_r1.registry import Registry, get_registry
+from agent_r1.rollout.generation import run_sampling
 from agent_r1.rollout.templates import apply_chat_template_config
 
 __all__ = ["Session", "TaskStream", "build_session", "seed_everything"]
@@ -131,6 +132,7 @@ class Session:
     health: HealthMonitor | None = None
     """The reward-hacking alarms of a training run (``health``; ``None`` when it is off or the
     session does not train); the runner feeds it every step."""
+    _gathered: bool = field(default=False, repr=False)
 
     # -- processes -------------------------------------------------------------------------------
     @property
@@ -148,6 +150,11 @@ class Session:
     @property
     def device(self) -> torch.device:
         return self.accelerator.device  # type: ignore[no-any-return]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the trained models are split across the processes (``trainer.sharding``)."""
+        return self.training and self.config.trainer.sharding == "fsdp2"
 
     @property
     def unwrapped(self) -> nn.Module:
@@ -173,10 +180,33 @@ class Session:
         )
         source = EngineSource(self)  # a fresh one: its engine is the caller's to change
         engine = source.engine
-        engine.sampling = source.sampling(temperature)
-        engine.decoder = source.decoder(self.decoding or self.config.rollout.decoding, temperature)
+        engine.sampling = run_sampling(self.config.rollout, temperature)
+        engine.decoder = source.decoder(self.decoding, temperature)
         engine.on_progress = on_progress
         return engine
+
+    @contextmanager
+    def rollout_weights(self) -> Iterator[None]:
+        """Inside the block the policy (and a critic) can run any number of forward passes on
+        this process alone: with ``trainer.sharding: fsdp2`` their parameters are gathered once on
+        entry (every process must enter together, e.g. once per training step) and resharded on
+        exit; otherwise nothing happens. Re-entering is free."""
+        if not self.sharded or self._gathered:
+            yield
+            return
+        from contextlib import ExitStack
+
+        from agent_r1.engine.learner import sharding
+
+        reshard = self.config.trainer.fsdp.reshard_after_forward
+        self._gathered = True
+        try:
+            with ExitStack() as stack:
+                for module in sharding.sharded_modules(self):
+                    stack.enter_context(sharding.gathered(module, reshard))
+                yield
+        finally:
+            self._gathered = False
 
     @contextmanager
     def decoding_as(self, decoding: DecodingConfig) -> Iterator[None]:
@@ -198,6 +228,8 @@ class Session:
         """Everything a resumed run needs to continue exactly (weights, optimizer, data position,
         random generators)."""
         assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
+        if self.sharded:  # every process takes part; rank 0 holds the gathered state
+            return self._full_state()
         state: dict[str, Any] = {
             "step": self.step,
             "model": {k: v.detach().cpu() for k, v in self.unwrapped.state_dict().items()},
@@ -216,14 +248,101 @@ class Session:
             state["critic_model"] = self.accelerator.unwrap_model(self.critic_model).state_dict()
         return state
 
+    def exportable(self) -> tuple[nn.Module | None, tuple[dict[str, Any], Any] | None]:
+        """The policy and the trained critic (``(value head state, separate critic or None)``, or
+        ``None`` without one) as plain modules for an export. Sharded, every process must call it:
+        the weights are gathered into fresh copies on rank 0 (``(None, None)`` elsewhere)."""
+        if not self.sharded:
+            unwrap = self.accelerator.unwrap_model
+            critic = None
+            if self.value_head is not None:
+                separate = unwrap(self.critic_model) if self.critic_model is not None else None
+                critic = (unwrap(self.value_head).state_dict(), separate)
+            return self.unwrapped, critic
+        from agent_r1.engine.learner import sharding
+
+        policy_state = sharding.full_model_state(self.model)
+        head = sharding.full_model_state(self.value_head) if self.value_head is not None else None
+        critic_state = sharding.full_model_state(self.critic_model) if self.critic_model is not None else None
+        if not self.is_main:
+            return None, None
+        policy = sharding.plain_copy(self.model, policy_state)
+        if head is None:
+            return policy, None
+        separate = None
+        if critic_state is not None:
+            assert self.critic_model is not None
+            separate = sharding.plain_copy(self.critic_model, critic_state)
+        return policy, (head, separate)
+
+    def _full_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` of a sharded session: the unsharded weights and the optimizer state
+        keyed by parameter name, gathered from every process (so that any number of processes,
+        sharded or not, can resume from it)."""
+        from agent_r1.engine.learner import sharding
+
+        assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
+        state: dict[str, Any] = {
+            "step": self.step,
+            "model": sharding.full_model_state(self.model),
+            "optimizer": sharding.full_optimizer_state(sharding.sharded_modules(self), self.optimizer),
+            "optimizer_keys": "names",
+            "scheduler": self.scheduler.state_dict(),
+            "kl_coef": self.kl_ctl.value,
+            "data": self.stream.state(),
+            "rng": ckpt.capture_rng(),
+            "bad_steps": self.bad_updates,
+        }
+        if self.health is not None:
+            state["health"] = self.health.state_dict()
+        if self.value_head is not None:
+            state["value_head"] = sharding.full_model_state(self.value_head)
+        if self.critic_model is not None:
+            state["critic_model"] = sharding.full_model_state(self.critic_model)
+        return state
+
+    def _load_weights(self, state: dict[str, Any], source: str) -> None:
+        """The weights of :meth:`state_dict`'s output, into sharded or plain modules."""
+        if not self.sharded:
+            ckpt.load_model_state(self.unwrapped, state["model"], source=source)
+            for name in ("value_head", "critic_model"):
+                module = getattr(self, name)
+                if module is not None and name in state:
+                    self.accelerator.unwrap_model(module).load_state_dict(state[name])
+            return
+        from agent_r1.engine.learner import sharding
+
+        ckpt.check_model_state(self.model.state_dict(), state["model"], source=source)
+        sharding.load_full_state(self.model, state["model"])
+        for name in ("value_head", "critic_model"):
+            module = getattr(self, name)
+            if module is not None and name in state:
+                sharding.load_full_state(module, state[name])
+
+    def _load_optimizer(self, state: dict[str, Any], source: str) -> None:
+        assert self.optimizer is not None
+        if state.get("optimizer_keys") == "names":  # written by a sharded run
+            from agent_r1.engine.learner import sharding
+
+            sharding.load_optimizer_state(sharding.sharded_modules(self), self.optimizer, state["optimizer"])
+        elif self.sharded:
+            raise AgentR1Error(
+                f"{source} was written by a run without sharding: its optimizer state cannot be split "
+                "across processes. Resume it with trainer.sharding: none (the weights alone load into "
+                "a sharded run through model.path after `agent-r1 export`)"
+            )
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+
     def load_state_dict(self, state: dict[str, Any], *, source: str = "the checkpoint") -> None:
         """Restore :meth:`state_dict`'s output (weights only, when not training). A checkpoint of
-        another model is an error naming ``source`` and the mismatched weights."""
-        ckpt.load_model_state(self.unwrapped, state["model"], source=source)
+        another model is an error naming ``source`` and the mismatched weights. A checkpoint of a
+        sharded run loads into any number of processes, sharded or not."""
+        self._load_weights(state, source)
         self.step = int(state["step"])
         if self.training:
             assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
-            self.optimizer.load_state_dict(state["optimizer"])
+            self._load_optimizer(state, source)
             self.scheduler.load_state_dict(state["scheduler"])
             self.kl_ctl.value = state["kl_coef"]
             self.stream.restore(state["data"])
@@ -231,10 +350,6 @@ class Session:
             self.bad_updates = int(state.get("bad_steps", 0))
             if self.health is not None and "health" in state:  # older checkpoints: windows refill
                 self.health.load_state_dict(state["health"])
-        if self.value_head is not None and "value_head" in state:
-            self.accelerator.unwrap_model(self.value_head).load_state_dict(state["value_head"])
-        if self.critic_model is not None and "critic_model" in state:
-            self.accelerator.unwrap_model(self.critic_model).load_state_dict(state["critic_model"])
         self.backend.sync_weights(self.unwrapped, self.step)
 
 
@@ -265,6 +380,8 @@ def build_session(
     seed_everything(config.seed)
     accelerator = Accelerator(cpu=pick_device(config.model.device).type == "cpu")
     world = accelerator.num_processes
+    if training and config.trainer.sharding == "fsdp2":
+        _ensure_process_group(accelerator.device)
     if training:
         _check_batch_shape(config, world)
 
@@ -318,6 +435,21 @@ def build_session(
     return session
 
 
+def _ensure_process_group(device: torch.device) -> None:
+    """A one-process group when sharding is asked for without a launcher (the device mesh needs a
+    process group; ``accelerate launch`` and ``torchrun`` start theirs)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and not dist.is_initialized():
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
 def _build(component: ResolvedComponent) -> Any:
     return component.cls(component.config)
 
@@ -340,14 +472,12 @@ def _check_batch_shape(config: RunConfig, world: int) -> None:
 
 
 def _build_learner(session: Session, accelerator: Any, load_policy: Callable[..., Any]) -> None:
-    """Reference model, critic, optimizer, scheduler and KL controller, then accelerate's wrapping."""
+    """Reference model, critic, optimizer, scheduler and KL controller, then the wrapping for
+    several processes: accelerate's (DDP), or FSDP2 shards (``trainer.sharding: fsdp2``)."""
     config = session.config
     model = session.model
     if config.algorithm.kl.coef > 0:  # beta = 0 loads no reference model at all
         session.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    groups: list[dict[str, Any]] = [
-        {"params": [p for p in model.parameters() if p.requires_grad], "lr": config.trainer.lr}
-    ]
     critic = config.algorithm.critic
     if session.needs_critic:
         if critic.kind == "separate":
@@ -356,26 +486,55 @@ def _build_learner(session: Session, accelerator: Any, load_policy: Callable[...
             )
             critic_model, _ = load_policy(critic_cfg, device=accelerator.device)
             session.critic_model = critic_model.to(accelerator.device)
-            groups.append({"params": list(critic_model.parameters()), "lr": critic.lr})
         session.value_head = ValueHead(int(model.config.hidden_size)).to(accelerator.device)  # type: ignore[union-attr]
-        groups.append({"params": list(session.value_head.parameters()), "lr": critic.lr})
+    if session.sharded:
+        _shard_learner(session)
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in session.model.parameters() if p.requires_grad], "lr": config.trainer.lr}
+    ]
+    for module in (session.critic_model, session.value_head):
+        if module is not None:
+            groups.append({"params": list(module.parameters()), "lr": critic.lr})
     t = config.trainer
     optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     session.scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda update: _lr_factor(config, update)
     )
-    session.model = accelerator.prepare(model)
-    if session.value_head is not None:
-        session.value_head = accelerator.prepare(session.value_head)
-    if session.critic_model is not None:
-        session.critic_model = accelerator.prepare(session.critic_model)
-    session.optimizer = accelerator.prepare(optimizer)
+    if session.sharded:
+        session.optimizer = optimizer
+    else:
+        session.model = accelerator.prepare(model)
+        if session.value_head is not None:
+            session.value_head = accelerator.prepare(session.value_head)
+        if session.critic_model is not None:
+            session.critic_model = accelerator.prepare(session.critic_model)
+        session.optimizer = accelerator.prepare(optimizer)
     kl = config.algorithm.kl
     session.kl_ctl = (
         AdaptiveKLController(kl.coef, kl.target, kl.horizon)
         if kl.target is not None
         else FixedKLController(kl.coef)
     )
+
+
+def _shard_learner(session: Session) -> None:
+    """Shard the policy, the reference model, a separate critic and the value head over every
+    process (see :mod:`agent_r1.engine.learner.sharding`)."""
+    from agent_r1.engine.learner import sharding
+
+    options = session.config.trainer.fsdp
+    mesh = sharding.make_mesh(session.device, session.world)
+    wrap = sharding.wrap_classes(session.model, options.wrap)
+    session.model = sharding.shard_module(session.model, mesh, options, wrap=wrap)
+    if session.ref_model is not None:
+        session.ref_model = sharding.shard_module(session.ref_model, mesh, options, wrap=wrap)
+    if session.critic_model is not None:
+        critic_wrap = sharding.wrap_classes(session.critic_model, options.wrap)
+        session.critic_model = sharding.shard_module(session.critic_model, mesh, options, wrap=critic_wrap)
+    if session.value_head is not None:
+        session.value_head = sharding.shard_module(session.value_head, mesh, options)
+    modules = (session.model, session.ref_model, session.critic_model, session.value_head)
+    sharding.check_agreement(modules, session.world)
 
 
 def _lr_factor(config: RunConfig, update: int) -> float:

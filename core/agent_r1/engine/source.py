@@ -19,11 +19,10 @@ and hands it to :func:`~agent_r1.engine.session.build_session`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from agent_r1.contracts import SamplingParams
-from agent_r1.mdp import Task, Trajectory
+from agent_r1.mdp import Trajectory
+from agent_r1.rollout.generation import RolloutRequest, run_sampling
 
 if TYPE_CHECKING:
     from agent_r1.config import DecodingConfig
@@ -31,9 +30,7 @@ if TYPE_CHECKING:
     from agent_r1.rollout.decoder import TurnDecoder
     from agent_r1.rollout.loop import RolloutEngine
 
-__all__ = ["EngineSource", "RolloutSource"]
-
-Progress = Callable[[int, int], None]
+__all__ = ["EngineSource", "RolloutRequest", "RolloutSource"]
 
 
 @runtime_checkable
@@ -42,19 +39,9 @@ class RolloutSource(Protocol):
 
     name: str
 
-    def rollout(
-        self,
-        tasks: Sequence[Task],
-        group_size: int,
-        *,
-        seed: int,
-        temperature: float,
-        salt: str,
-        policy_version: int,
-        decoding: DecodingConfig,
-        on_progress: Progress | None = None,
-    ) -> list[Trajectory]:
-        """Roll out every task ``group_size`` times (unscored trajectories, task by task)."""
+    def rollout(self, request: RolloutRequest) -> list[Trajectory]:
+        """Roll out every task of ``request`` ``group_size`` times (unscored trajectories, task by
+        task)."""
         ...
 
     def step_metrics(self) -> dict[str, float]:
@@ -83,46 +70,33 @@ class EngineSource:
             max_turns=rollout.max_turns,
             max_new_tokens=rollout.max_new_tokens,
             max_context=rollout.max_context,
-            sampling=self.sampling(rollout.temperature),
+            sampling=run_sampling(rollout, rollout.temperature),
             on_env_error="end",  # a faulty environment step ends that episode (counted), not the run
         )
         self._decoders: dict[tuple[str, float], TurnDecoder | None] = {}
 
-    def sampling(self, temperature: float) -> SamplingParams:
-        """The run's sampling settings at ``temperature``."""
-        r = self.session.config.rollout
-        return SamplingParams(
-            temperature=temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
-        )
-
-    def decoder(self, decoding: DecodingConfig, temperature: float) -> TurnDecoder | None:
+    def decoder(self, decoding: DecodingConfig | None, temperature: float) -> TurnDecoder | None:
         """The decoder of ``decoding`` at ``temperature`` (built on first use, then kept)."""
         from agent_r1.engine.experimental.decoding import build_decoder
 
+        decoding = decoding or self.session.config.rollout.decoding
         key = (decoding.model_dump_json(), temperature)
         if key not in self._decoders:
             self._decoders[key] = build_decoder(self.session, decoding, temperature)
         return self._decoders[key]
 
-    def rollout(
-        self,
-        tasks: Sequence[Task],
-        group_size: int,
-        *,
-        seed: int,
-        temperature: float,
-        salt: str,
-        policy_version: int,
-        decoding: DecodingConfig,
-        on_progress: Progress | None = None,
-    ) -> list[Trajectory]:
+    def rollout(self, request: RolloutRequest) -> list[Trajectory]:
         engine = self.engine
-        engine.sampling = self.sampling(temperature)
-        engine.decoder = self.decoder(decoding, temperature)
-        engine.on_progress = on_progress
+        engine.sampling = request.sampling(self.session.config.rollout)
+        engine.decoder = self.decoder(request.decoding, request.temperature)
+        engine.on_progress = request.on_progress
         try:
             return engine.collect(
-                tasks, group_size, seed=seed, policy_version=policy_version, group_salt=salt
+                request.tasks,
+                request.group_size,
+                seed=request.seed,
+                policy_version=request.policy_version,
+                group_salt=request.salt,
             )
         finally:
             engine.on_progress = None

@@ -35,6 +35,7 @@ import torch
 from agent_r1.contracts import AdvantageInput, LossInput
 from agent_r1.engine.dist import all_gather, gather_padded_rows, mean_across, sum_across
 from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
+from agent_r1.engine.learner import sharding
 from agent_r1.engine.learner.batch import (
     StepPrefix,
     TrainBatch,
@@ -95,7 +96,10 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
     algo = config.algorithm
     everything = all_gather(session, local)
     started = time.perf_counter()
-    batch = collate(local, session.pad_id, mask_truncated=algo.mask_truncated).to(session.device)
+    ghosts = _ghost_rows(session, local, everything)
+    batch = collate(local + ghosts, session.pad_id, mask_truncated=algo.mask_truncated).to(session.device)
+    if ghosts:
+        batch = _masked_rows(batch, range(len(local), len(batch)))
     check_rewards(batch)
     temperature = config.rollout.temperature or 1.0
     micro = config.trainer.micro_batch_size
@@ -124,7 +128,9 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
         kl_tokens = kl_penalty(base, ref_logprobs, algo.kl.estimator)  # [B, T]
         token_rewards -= session.kl_ctl.value * torch.where(batch.loss_mask, kl_tokens, 0.0)
         kl_in_reward = float(masked_mean(kl_tokens, batch.loss_mask))
-    advantages, returns = compute_advantages(session, batch, everything, token_rewards, values)
+    advantages, returns = compute_advantages(
+        session, batch, everything, token_rewards, values, real_rows=len(local)
+    )
     metrics = {
         "time/no_grad_passes_s": passes_s,
         "time/advantages_s": time.perf_counter() - started - passes_s,
@@ -162,21 +168,28 @@ def compute_advantages(
     everything: list[Trajectory],
     token_rewards: torch.Tensor,
     values: torch.Tensor | None,
+    *,
+    real_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The estimator's advantages and returns for this process's rows, computed over the whole batch
     of every process (group and batch statistics stay exact). Scores are re-derived from the token
-    rewards so that a KL penalty placed in the reward reaches score-based estimators too."""
+    rewards so that a KL penalty placed in the reward reaches score-based estimators too. Rows
+    after the first ``real_rows`` (padding that keeps sharded processes in step) get zeros."""
+    real = len(batch) if real_rows is None else real_rows
     if session.world == 1:
         return session.estimator.compute(advantage_input(batch, token_rewards, values))
     full = collate(everything, session.pad_id, mask_truncated=session.config.algorithm.mask_truncated)
     length = full.input_ids.shape[1]
-    all_rewards = gather_padded_rows(session, token_rewards, length)
-    all_values = gather_padded_rows(session, values, length) if values is not None else None
+    all_rewards = gather_padded_rows(session, token_rewards[:real], length)
+    all_values = gather_padded_rows(session, values[:real], length) if values is not None else None
     adv, ret = session.estimator.compute(advantage_input(full, all_rewards, all_values))
-    sizes = all_gather(session, [len(batch)])
-    mine = slice(sum(sizes[: session.rank]), sum(sizes[: session.rank]) + len(batch))
+    sizes = all_gather(session, [real])
+    mine = slice(sum(sizes[: session.rank]), sum(sizes[: session.rank]) + real)
     width = batch.input_ids.shape[1]
-    return adv[mine, :width].to(session.device), ret[mine, :width].to(session.device)
+    pad = (0, 0, 0, len(batch) - real)  # zero rows for the padding
+    adv = torch.nn.functional.pad(adv[mine, :width], pad)
+    ret = torch.nn.functional.pad(ret[mine, :width], pad)
+    return adv.to(session.device), ret.to(session.device)
 
 
 def advantage_input(
@@ -224,6 +237,13 @@ def optimize(session: Session, batch: TrainBatch, targets: Targets, temperature:
                 skipped += status == "skipped"
                 track_bad_updates(session, status)
     session.model.eval()
+    if session.world > 1:  # a loss share is this process's part of the loss: add the others'
+        names = sorted(LOSS_SHARES)  # the same collective on every process, whatever it logged
+        local = [torch.as_tensor(sums.get(n, 0.0), dtype=torch.float32, device=session.device) for n in names]
+        totals = sum_across(session, torch.stack(local))
+        for index, name in enumerate(names):
+            if name in sums:
+                sums[name] = totals[index]
     out = host_floats({name: sums[name] / max(counts[name], 1) for name in sums})
     out["actor/skipped_updates"] = float(skipped)
     return {**out, **timings}
@@ -277,7 +297,7 @@ def _mini_batch_step(
         if k == len(micro_rows) - 1:
             session.accelerator.backward(loss * session.world)
         else:
-            with session.accelerator.no_sync(session.model):
+            with _no_sync(session):
                 session.accelerator.backward(loss * session.world)
         _accumulate(step_sums, step_counts, parts)
     finite = nonfinite is None or not bool(nonfinite)  # the step's one wait before the optimizer
@@ -415,10 +435,12 @@ STEP_PREFIX_MIN_TOKENS = 32
 def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]]) -> StepPrefix | None:
     """The prompt prefix that every row of this optimizer step shares, run once for all its
     micro-batches; ``None`` where that cannot pay (one micro-batch: it shares its prefix by
-    itself), where the prefix is short, or where it is not exact: several processes (their
-    gradients are reduced at the last micro-batch's backward) and a critic on the policy's
-    backbone (it reads the prefix's hidden states too)."""
-    if len(micro_rows) < 2 or session.world != 1 or _critic_on_policy_backbone(session):
+    itself), where the prefix is short, or where it is not exact: several processes or sharded
+    parameters (gradients are reduced at the last micro-batch's backward, before the prefix's) and
+    a critic on the policy's backbone (it reads the prefix's hidden states too)."""
+    if len(micro_rows) < 2 or session.world != 1 or session.sharded:
+        return None
+    if _critic_on_policy_backbone(session):
         return None
     rows = [r for chunk in micro_rows for r in chunk]
     ids, attention = batch.input_ids[rows], batch.attention_mask[rows]
@@ -465,8 +487,44 @@ def _can_skip_idle_rows(session: Session) -> bool:
     )
 
 
+def _ghost_rows(session: Session, local: list[Trajectory], everything: list[Trajectory]) -> list[Trajectory]:
+    """Rows that carry no loss, added so that every process of a sharded run holds as many rows as
+    the largest one: its forward and backward passes gather parameters with the others, so all
+    must run the same number of them. Copies of a real trajectory (this process's, or any)."""
+    if not session.sharded or session.world == 1:
+        return []
+    missing = sharding.balance(all_gather(session, [len(local)])) - len(local)
+    if missing <= 0 or not everything:
+        return []
+    return [(local or everything)[0]] * missing
+
+
+def _masked_rows(batch: TrainBatch, rows: Sequence[int]) -> TrainBatch:
+    """``batch`` with ``rows`` out of the loss: no policy token, no reward."""
+    index = torch.as_tensor(list(rows), dtype=torch.long, device=batch.loss_mask.device)
+    batch.loss_mask[index] = False
+    batch.token_rewards[index] = 0.0
+    batch.rollout_logprobs[index] = 0.0
+    batch.scores[index] = 0.0
+    first = list(batch.first_policy)
+    for row in rows:
+        first[row] = -1
+    batch.first_policy = first
+    return batch
+
+
+def _no_sync(session: Session) -> Any:
+    """Backward passes that accumulate gradients without reducing them across processes (all
+    micro-batches of a step but the last)."""
+    if session.sharded:
+        return sharding.gradient_sync(sharding.sharded_modules(session), enabled=False)
+    return session.accelerator.no_sync(session.model)
+
+
 def _grad_norm(session: Session, params: list[torch.nn.Parameter]) -> torch.Tensor:
     clip = session.config.trainer.grad_clip
+    if session.sharded:  # the norm over every shard: the unsharded gradient's
+        return sharding.clip_grad_norm(params, clip)
     if clip is not None:
         return session.accelerator.clip_grad_norm_(params, clip)  # type: ignore[no-any-return]
     return torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))

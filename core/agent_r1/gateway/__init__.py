@@ -17,7 +17,7 @@ when a server is built.
 
 from __future__ import annotations
 
-from agent_r1 import _lazy
+from agent_r1 import lazy
 
 _EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
     "agent_r1.gateway.server": ("PolicyGateway", "GatewaySettings"),
@@ -29,7 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this p
 }
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
-__getattr__ = _lazy.lazy_getattr(__name__, _EXPORTS)
+__getattr__ = lazy.lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -20,18 +20,17 @@ on each segment's last step).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from agent_r1.contracts import ComponentSpec, SamplingParams
+from agent_r1.contracts import ComponentSpec
 from agent_r1.errors import AgentR1Error, ConfigError, validation_error_message
 from agent_r1.gateway.launcher import AgentLauncher, AgentOutcome
 from agent_r1.gateway.server import GatewaySettings, PolicyGateway
-from agent_r1.mdp import Task, Trajectory
-from agent_r1.rollout.generation import group_samples, run_sync
+from agent_r1.mdp import Trajectory
+from agent_r1.rollout.generation import RolloutRequest, group_samples, run_sync
 
 __all__ = [
     "GATEWAY_METRICS",
@@ -123,22 +122,15 @@ def take_gateway_metrics(session: Any) -> dict[str, float]:
     return figures
 
 
-def gateway_rollout(
-    session: Any,
-    tasks: Sequence[Task],
-    group_size: int,
-    *,
-    seed: int,
-    temperature: float,
-    salt: str,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> list[Trajectory]:
-    """Roll out ``tasks`` (each ``group_size`` times) with the agent program (see the module
-    docstring); trajectories come back task by task, sample by sample, segments in order."""
+def gateway_rollout(session: Any, request: RolloutRequest) -> list[Trajectory]:
+    """Roll out the tasks of ``request`` (each ``group_size`` times) with the agent program (see the
+    module docstring); trajectories come back task by task, sample by sample, segments in order.
+    The agent program picks its own actions: a ``decoding`` other than plain sampling is refused
+    when the config is validated; ``policy_version`` is the session's step."""
     gateway = gateway_for(session)
     rollout = session.config.rollout
     episodes = []
-    for task, group, sample in group_samples(tasks, group_size, salt):
+    for task, group, sample in group_samples(request.tasks, request.group_size, request.salt):
         episode = gateway.recorder.open(
             task=task,
             trajectory_id=f"{group}/{sample}",
@@ -152,16 +144,10 @@ def gateway_rollout(
         rollout.agent, model_name=gateway.settings.served_model_name, gateway_url=gateway.url
     )
     jobs = [(episode.id, gateway.episode_url(episode.id), task) for episode, task in episodes]
-    sampling = SamplingParams(
-        temperature=temperature,
-        top_p=rollout.top_p,
-        top_k=rollout.top_k,
-        max_new_tokens=rollout.max_new_tokens,
-    )
-    gateway.begin_rollout(sampling, seed=seed)
+    gateway.begin_rollout(request.sampling(rollout), seed=request.seed)
     outcomes: list[AgentOutcome] | None = None
     try:
-        outcomes = run_sync(launcher.run_many(jobs, on_done=on_progress))
+        outcomes = run_sync(launcher.run_many(jobs, on_done=request.on_progress))
     finally:
         figures = gateway.end_rollout()
         if outcomes is None:  # interrupted or failed: close what was opened, then let the error out
@@ -204,30 +190,9 @@ class GatewaySource:
     def __init__(self, session: Any) -> None:
         self.session = session
 
-    def rollout(
-        self,
-        tasks: Sequence[Task],
-        group_size: int,
-        *,
-        seed: int,
-        temperature: float,
-        salt: str,
-        policy_version: int,
-        decoding: Any = None,
-        on_progress: Callable[[int, int], None] | None = None,
-    ) -> list[Trajectory]:
-        """:func:`gateway_rollout` (the agent program picks its own actions: ``decoding`` other
-        than plain sampling is refused when the config is validated; ``policy_version`` is the
-        session's step)."""
-        return gateway_rollout(
-            self.session,
-            tasks,
-            group_size,
-            seed=seed,
-            temperature=temperature,
-            salt=salt,
-            on_progress=on_progress,
-        )
+    def rollout(self, request: RolloutRequest) -> list[Trajectory]:
+        """:func:`gateway_rollout`."""
+        return gateway_rollout(self.session, request)
 
     def step_metrics(self) -> dict[str, float]:
         return take_gateway_metrics(self.session)

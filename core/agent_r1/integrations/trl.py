@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+from agent_r1.builtins.formats import HermesFormat
 from agent_r1.builtins.tool_runner import CallTimedOut, run_in_thread
-from agent_r1.contracts import Environment, EpisodeStart, RolloutBackend, SamplingParams
+from agent_r1.contracts import Environment, EpisodeStart, RolloutBackend, SamplingParams, Tool
+from agent_r1.gateway.tools import tool_class
 from agent_r1.integrations import IntegrationError, require
 from agent_r1.integrations._common import (
     EnvironmentSpec,
@@ -324,6 +326,7 @@ class AgentR1RolloutWorker:
         seed: int = 0,
     ) -> None:
         from agent_r1.registry import get_registry
+        from agent_r1.rollout.loop import RolloutEngine
 
         if not tasks:
             raise IntegrationError("AgentR1RolloutWorker needs at least one task")
@@ -345,8 +348,17 @@ class AgentR1RolloutWorker:
             )
         self.shapers = build_shapers(reward_shapers)
         self.granularity = granularity
-        self.max_turns, self.max_new_tokens, self.max_context = max_turns, max_new_tokens, max_context
         self.sampling = sampling if sampling is not None else SamplingParams(temperature=1.0)
+        self.engine = RolloutEngine(  # one agent loop for every round
+            backend,
+            tokenizer,
+            self.env_factory,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            max_context=max_context,
+            sampling=self.sampling,
+            on_env_error="end",
+        )
         self.seed = seed
         self.rollout_buffer: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self.metrics_queue: queue.Queue[dict[str, float]] = queue.Queue()
@@ -416,22 +428,12 @@ class AgentR1RolloutWorker:
         (without putting them on the queue)."""
         from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
-        from agent_r1.rollout.loop import RolloutEngine
-
         start = self.rounds * self.tasks_per_round
         tasks = [self.tasks[(start + i) % len(self.tasks)] for i in range(self.tasks_per_round)]
         version = self.model_version
         self.rounds += 1
-        engine = RolloutEngine(
-            self.backend,
-            self.tokenizer,
-            self.env_factory,
-            max_turns=self.max_turns,
-            max_new_tokens=self.max_new_tokens,
-            max_context=self.max_context,
-            sampling=self.sampling,
-            on_env_error="end",
-        )
+        engine = self.engine
+        engine.sampling = self.sampling
         seed = (self.seed * 1_000_003 + self.rounds * 9_973) % 2**31
         trajectories = engine.collect(
             tasks, self.group_size, seed=seed, policy_version=version, group_salt=f"async-r{self.rounds}"
@@ -592,10 +594,12 @@ class TRLEnvironment(Environment):
         self.call_timeout_s = call_timeout_s
         self.instance: Any = None
         self.methods: dict[str, Callable[..., Any]] = {}
+        self.tool_classes: dict[str, type[Tool]] = {}
+        self._format = HermesFormat({"answer_tag": None, "stop_on_call_end": True})
 
     @property
     def stop_sequences(self) -> list[str]:
-        return ["</tool_call>"]
+        return self._format.stop_sequences
 
     async def reset(self, task: Task) -> EpisodeStart:
         from transformers.utils import get_json_schema
@@ -616,6 +620,7 @@ class TRLEnvironment(Environment):
                 f"TRL environment {cls.__name__}: cannot read a tool schema ({type(exc).__name__}: {exc}); "
                 "every public method needs type hints and a Google-style docstring"
             ) from exc
+        self.tool_classes = {name: tool_class(spec) for name, spec in zip(self.methods, tools, strict=True)}
         extra = self.instance.reset(prompt=list(task.messages), answer=task.answer, **task.metadata)
         messages = [dict(message) for message in task.messages]
         if extra is not None:
@@ -628,7 +633,7 @@ class TRLEnvironment(Environment):
         return EpisodeStart(messages=messages, tools=tools)
 
     async def step(self, action: Action, turn: int) -> Observation:
-        calls, errors = _hermes_calls(action.text, turn)
+        calls, errors = self._parse(action.text)
         if not calls and not errors:
             return Observation(
                 done=True, termination="answer", answer=action.text, rewards=await self._reward(turn)
@@ -646,6 +651,18 @@ class TRLEnvironment(Environment):
             tool_calls=calls,
             parse_errors=errors,
         )
+
+    def _parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        """The calls of ``text`` in the Hermes format, read by agent-r1's own parser (arguments
+        checked against each method's schema). A final call missing its closing tag is accepted:
+        generation stops on it, and some backends leave the stop string out."""
+        fmt = self._format
+        parsed = fmt.parse(text, self.tool_classes)
+        if parsed.errors and fmt.OPEN in text and not text.rstrip().endswith(fmt.CLOSE):
+            closed = fmt.parse(text + fmt.CLOSE, self.tool_classes)
+            if len(closed.errors) < len(parsed.errors):
+                parsed = closed
+        return parsed.tool_calls, parsed.errors
 
     async def _call(self, call: ToolCall) -> ToolResult:
         def failed(content: str, error: str) -> ToolResult:
@@ -679,24 +696,3 @@ class TRLEnvironment(Environment):
         if inspect.isawaitable(value):
             value = await value
         return [RewardSignal(name=self.reward_name, value=float(value), kind="outcome")]
-
-
-def _hermes_calls(text: str, turn: int) -> tuple[list[ToolCall], list[str]]:
-    """Tool calls written as ``<tool_call>{json}</tool_call>`` (a missing closing tag is accepted:
-    generation stops on it, and some backends leave the stop string out)."""
-    calls: list[ToolCall] = []
-    errors: list[str] = []
-    for index, chunk in enumerate(text.split("<tool_call>")[1:]):
-        body = chunk.split("</tool_call>")[0].strip()
-        try:
-            payload = json.loads(body)
-            if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-                raise ValueError("expected an object with a 'name'")
-            arguments = payload.get("arguments") or {}
-            if not isinstance(arguments, dict):
-                raise ValueError("'arguments' must be an object")
-        except ValueError as exc:
-            errors.append(f"tool call {index} is not valid JSON with a name and arguments: {exc}")
-            continue
-        calls.append(ToolCall(id=f"call_{turn}_{index}", name=payload["name"], arguments=arguments, raw=body))
-    return calls, errors

@@ -9,6 +9,8 @@
 * :func:`action_from_generation`: the :class:`~agent_r1.mdp.Action` a generation becomes, with a
   ``length`` stop under a budget smaller than ``max_new_tokens`` named ``context`` (the context
   cut it, not the action budget);
+* :class:`RolloutRequest`: one batch of rollouts asked of a rollout source, and
+  :func:`run_sampling`, the sampling settings of a run's ``rollout`` section at a temperature;
 * :func:`run_sync`: run a coroutine to completion from synchronous code, in a worker thread when an
   event loop already runs in this thread (notebooks, async web servers).
 """
@@ -18,19 +20,25 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections import Counter
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from agent_r1.contracts import Generation, RolloutBackend, SamplingParams
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import Action, Task
 
+if TYPE_CHECKING:
+    from agent_r1.config import DecodingConfig, RolloutConfig
+
 __all__ = [
+    "RolloutRequest",
     "action_from_generation",
     "generate_within_budgets",
     "group_id",
     "group_samples",
+    "run_sampling",
     "run_sync",
     "takes_budgets",
 ]
@@ -104,6 +112,37 @@ def action_from_generation(
         text=text,
         finish_reason=finish,
         stop_sequence=generation.stop_sequence if finish == "stop" else None,
+    )
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One batch of rollouts asked of a rollout source: every task ``group_size`` times, sampled at
+    ``temperature`` from ``seed``, grouped under ``salt`` (:func:`group_samples`), stamped with
+    ``policy_version``; ``decoding`` is the decoding strategy (``None``: plain sampling) and
+    ``on_progress(done, total)`` is told of every finished episode."""
+
+    tasks: Sequence[Task]
+    group_size: int
+    seed: int
+    temperature: float
+    salt: str
+    policy_version: int = 0
+    decoding: DecodingConfig | None = None
+    on_progress: Callable[[int, int], None] | None = None
+
+    def sampling(self, rollout: RolloutConfig) -> SamplingParams:
+        """The run's sampling settings (``rollout``: its config section) at this temperature."""
+        return run_sampling(rollout, self.temperature)
+
+
+def run_sampling(rollout: RolloutConfig, temperature: float) -> SamplingParams:
+    """The sampling settings of the ``rollout`` config section at ``temperature``."""
+    return SamplingParams(
+        temperature=temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        max_new_tokens=rollout.max_new_tokens,
     )
 
 

@@ -177,20 +177,10 @@ class RolloutEngine:
         """What each failed :meth:`Environment.aclose` of the latest run raised (also warned)."""
 
     # -- public API -----------------------------------------------------------------------------
-    def collect(
-        self,
-        tasks: Sequence[Task],
-        group_size: int = 1,
-        *,
-        seed: int | None = None,
-        policy_version: int = 0,
-        group_salt: str | None = None,
-    ) -> list[Trajectory]:
-        """Synchronous :meth:`run` (in a worker thread when called from a running event loop)."""
-        coroutine = self.run(
-            tasks, group_size, seed=seed, policy_version=policy_version, group_salt=group_salt
-        )
-        return run_sync(coroutine)
+    def collect(self, tasks: Sequence[Task], group_size: int = 1, **options: Any) -> list[Trajectory]:
+        """Synchronous :meth:`run`, with the same arguments (in a worker thread when called from a
+        running event loop)."""
+        return run_sync(self.run(tasks, group_size, **options))
 
     async def run(
         self,

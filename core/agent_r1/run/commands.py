@@ -39,7 +39,7 @@ def prepare(
 
 def run_eval(session: Session, tasks: list[Task], *, label: str) -> dict[str, Any]:
     """Roll out ``tasks`` with the session's current policy and summarise the result."""
-    from agent_r1.engine.collect import rollout_all
+    from agent_r1.engine.collect import rollout
     from agent_r1.engine.reports.evaluation import decoding_summary, summarize_eval
     from agent_r1.rewards import answer_normalizations
 
@@ -47,7 +47,7 @@ def run_eval(session: Session, tasks: list[Task], *, label: str) -> dict[str, An
     ev = config.eval
     started = time.perf_counter()
     with session.decoding_as(ev.decoding):
-        trajectories = rollout_all(
+        trajectories = rollout(
             session,
             tasks,
             ev.samples,
@@ -55,6 +55,7 @@ def run_eval(session: Session, tasks: list[Task], *, label: str) -> dict[str, An
             temperature=ev.temperature,
             salt=f"eval-{label}",
             progress=f"eval {label}",
+            spread=True,
         )
     wall_s = time.perf_counter() - started
     ks = tuple(sorted({k for k in ev.pass_k if k <= ev.samples}))

@@ -6,10 +6,10 @@ directory is created.
 a message that says what was checked, where, and what to do when it is not right):
 
 - ``device``: ``model.device`` exists (a CUDA device asked for is there);
-- ``distributed``: the process was not launched for sharded training (``accelerate launch`` with
-  an FSDP, DeepSpeed or Megatron-LM configuration), which agent-r1 does not support yet: on a GPU
-  its checkpoints, weight sync and ``hf`` rollouts would run on sharded weights, and on a CPU
-  accelerate silently trains with DDP instead;
+- ``distributed``: the launch and ``trainer.sharding`` agree: an ``accelerate launch`` with an
+  FSDP configuration needs ``trainer.sharding: fsdp2`` (agent-r1 shards the models itself, once,
+  with torch's ``fully_shard``, on CPU and GPU alike; accelerate's own FSDP wrapping is never
+  applied on top), and DeepSpeed or Megatron-LM launches are refused;
 - ``model``: ``model.path`` resolves to a model directory (a bundled model is prepared once), its
   weight files are complete (sizes checked against the safetensors headers; no weights are read);
 - ``tokenizer``: tokenizer files are present and load, the chat template renders;
@@ -512,21 +512,32 @@ SHARDING_ENV = {
 
 
 def _check_distributed(report: PreflightReport, ctx: _Context) -> None:
-    requested = [
-        f"{label} ({name}={os.environ[name]})"
+    requested = {
+        label: f"{label} ({name}={os.environ[name]})"
         for name, label in SHARDING_ENV.items()
         if os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
-    ]
-    if requested:
+    }
+    sharding = ctx.config.trainer.sharding
+    others = [text for label, text in requested.items() if label != "FSDP"]
+    if others:
         raise AgentR1Error(
-            f"this process was launched for sharded training with {', '.join(requested)}, which "
-            "agent-r1 does not support yet: checkpoints, weight sync and rollouts would run on sharded "
-            "weights (and on a CPU accelerate silently falls back to DDP); launch with a multi-GPU "
-            "(DDP) accelerate configuration, or use LoRA for models whose training state does not fit "
-            "one GPU (docs/gpu.md, section 'Sharded training')"
+            f"this process was launched for sharded training with {', '.join(others)}, which agent-r1 "
+            "does not support: use trainer.sharding: fsdp2 with a plain multi-process launch "
+            "(accelerate launch --num_processes N, or torchrun) instead (docs/gpu.md, 'Sharded training')"
         )
-    world = os.environ.get("WORLD_SIZE", "1")
-    report.add("distributed", "ok", f"data parallel (DDP) over {world} process(es)")
+    if "FSDP" in requested and sharding != "fsdp2":
+        raise AgentR1Error(
+            f"this process was launched for sharded training with {requested['FSDP']}, but "
+            "trainer.sharding is 'none': set trainer.sharding: fsdp2 (agent-r1 shards the models "
+            "itself with torch's fully_shard, the same on CPU and GPU), or launch without the FSDP "
+            "configuration for DDP (docs/gpu.md, 'Sharded training')"
+        )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if sharding == "fsdp2":
+        split = "nothing to split on one process" if world == 1 else f"each holds 1/{world}"
+        report.add("distributed", "ok", f"FSDP2 sharding over {world} process(es) ({split})")
+    else:
+        report.add("distributed", "ok", f"data parallel (DDP) over {world} process(es)")
 
 
 def preflight(

@@ -111,16 +111,12 @@ def _train_in(
     last = _training_loop(session, plain, eval_tasks)
 
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": session.step, "last_metrics": last}
+    policy, critic = session.exportable()  # sharded: gathered from every process onto rank 0
     if session.is_main:
         from agent_r1.engine.artifacts.export import export_final
 
         final = export_final(
-            run_dir,
-            session.unwrapped,
-            session.tokenizer,
-            config.model,
-            step=session.step,
-            critic=_trained_critic(session),
+            run_dir, policy, session.tokenizer, config.model, step=session.step, critic=critic
         )
         summary["final"] = str(final)
     if eval_tasks:
@@ -140,15 +136,6 @@ def _train_in(
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
         print_summary(summary)
     return summary
-
-
-def _trained_critic(session: Session) -> tuple[dict[str, Any], Any] | None:
-    """The value head's weights and the separate critic model of a run that trained a critic."""
-    if session.value_head is None:
-        return None
-    unwrap = session.accelerator.unwrap_model
-    critic_model = unwrap(session.critic_model) if session.critic_model is not None else None
-    return unwrap(session.value_head).state_dict(), critic_model
 
 
 def _resume(session: Session, plain: dict[str, Any]) -> None:
@@ -264,12 +251,15 @@ def _agreed_stop(session: Session, stop: StopRequest) -> int:
 def _checkpoint(session: Session, plain: dict[str, Any]) -> None:
     from agent_r1.engine.artifacts import checkpoint as ckpt
 
+    if not session.is_main and not session.sharded:
+        return
+    state = session.state_dict()  # sharded: every process gathers its shards with the others
     if not session.is_main:
         return
     path = ckpt.save_checkpoint(
         session.run_dir / "checkpoints",
         session.step,
-        session.state_dict(),
+        state,
         plain,
         keep=session.config.trainer.keep_checkpoints,
     )

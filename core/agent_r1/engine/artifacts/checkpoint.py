@@ -318,7 +318,14 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], *, source
     how many weights are missing, unexpected or of another shape (with examples), and what to do:
     use the model (and LoRA setting) the checkpoint was trained with.
     """
-    expected = _shapes(model.state_dict())
+    check_model_state(model.state_dict(), state, source=source)
+    model.load_state_dict(dict(state))
+
+
+def check_model_state(model_state: Mapping[str, Any], state: Mapping[str, Any], *, source: str) -> None:
+    """:func:`load_model_state`'s check of ``state`` against the model's own ``model_state`` (a
+    sharded model's state dict: its tensors' global shapes count)."""
+    expected = _shapes(model_state)
     given = _shapes(state)
     missing = sorted(expected.keys() - given.keys())
     unexpected = sorted(given.keys() - expected.keys())
@@ -343,7 +350,6 @@ def load_model_state(model: torch.nn.Module, state: Mapping[str, Any], *, source
             f"{'; '.join(parts)}.{lora_hint} Use the model.path and model.lora the checkpoint was "
             "trained with (its config.json records them)."
         )
-    model.load_state_dict(dict(state))
 
 
 def capture_rng() -> dict[str, Any]:

@@ -67,16 +67,12 @@ def ratio_stats_tensors(
 
 
 def ratio_stats(
-    old_logprobs: torch.Tensor,
-    rollout_logprobs: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    level: str = "token",
-    cap: float = 2.0,
+    old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, **options: Any
 ) -> dict[str, float]:
     """Diagnostics of the importance ratio ``π_old / π_rollout`` at ``level`` over the policy tokens
     of ``mask``: ``mismatch/ratio_mean``, ``mismatch/ratio_max``, ``mismatch/ratio_min``, and the
     shares of policy tokens that truncation at ``cap`` clips (``mismatch/clipped_frac``: ratio above
     ``cap``) and that masking drops (``mismatch/masked_frac``: ratio outside ``[1/cap, cap]``). A
-    sequence-level ratio counts for every policy token of its sequence."""
-    return host_floats(ratio_stats_tensors(old_logprobs, rollout_logprobs, mask, level=level, cap=cap))
+    sequence-level ratio counts for every policy token of its sequence. ``options``: ``level``
+    (``token``) and ``cap`` (2.0), as :func:`ratio_stats_tensors` takes them."""
+    return host_floats(ratio_stats_tensors(old_logprobs, rollout_logprobs, mask, **options))

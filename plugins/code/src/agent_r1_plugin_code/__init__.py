@@ -13,40 +13,27 @@ through its entry point stays cheap::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent_r1.lazy import lazy_dir, lazy_getattr
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "ExecutionResult": "sandbox",
-    "PythonSession": "sandbox",
-    "SandboxConfig": "sandbox",
-    "SandboxEnded": "sandbox",
-    "SandboxError": "sandbox",
-    "SandboxGroup": "pool",
-    "SandboxPool": "pool",
-    "SandboxUnavailable": "sandbox",
-    "TestPlan": "split",
-    "acquire_sandbox": "pool",
-    "judge_solution": "harness",
-    "namespace_prefix": "sandbox",
-    "plan_tests": "split",
-    "run_python": "sandbox",
-    "run_tests": "sandbox",
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
+    ".sandbox": (
+        "ExecutionResult",
+        "PythonSession",
+        "SandboxConfig",
+        "SandboxEnded",
+        "SandboxError",
+        "SandboxUnavailable",
+        "namespace_prefix",
+        "run_python",
+        "run_tests",
+    ),
+    ".pool": ("SandboxGroup", "SandboxPool", "acquire_sandbox"),
+    ".split": ("TestPlan", "plan_tests"),
+    ".harness": ("judge_solution",),
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agent_r1_plugin_code' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"agent_r1_plugin_code.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = [*sorted(name for names in _EXPORTS.values() for name in names), "__version__"]
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+__dir__ = lazy_dir(__name__, _EXPORTS)

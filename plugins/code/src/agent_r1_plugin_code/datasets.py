@@ -22,11 +22,8 @@ HumanEval's 164 problems).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import importlib.util
-import json
-import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,10 +32,10 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from agent_r1 import AgentR1Error, ComponentConfig, Dataset, Task
+from agent_r1.records import read_records, split_key, tail_split
 from agent_r1_plugin_code.testcases import humaneval_statements
 
 DATA_DIR = Path(__file__).with_name("data")
-_EVAL_SPLITS = {"eval", "validation", "dev", "test"}
 
 
 class DataError(AgentR1Error):
@@ -48,31 +45,8 @@ class DataError(AgentR1Error):
 def read_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(where, row)`` for every record of a JSONL/JSON file (``.gz`` too); ``where`` is
     ``file:line`` (or ``file[index]`` for a JSON list)."""
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist; check the dataset's path option")
-    opener = gzip.open if path.suffix == ".gz" else open
-    stem = path.name.removesuffix(".gz")
-    with opener(path, "rt", encoding="utf-8") as handle:  # type: ignore[operator]
-        if stem.endswith(".json"):
-            try:
-                rows = json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: not valid JSON ({exc})") from None
-            if not isinstance(rows, list):
-                raise DataError(f"{path}: a .json data file must hold a list of records")
-            for index, row in enumerate(rows):
-                yield f"{path}[{index}]", row
-            return
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            yield f"{path}:{number}", row
+    for where, _, row in read_records(path, error=DataError, missing="check the dataset's path option"):
+        yield where, row
 
 
 def _field(row: dict[str, Any], name: str, where: str, kind: type | tuple[type, ...] = str) -> Any:
@@ -118,9 +92,7 @@ class _FileDataset(Dataset):
 
     def load(self, split: str) -> list[Task]:
         """The tasks of ``split`` (``train``, ``eval`` and its synonyms, or ``all``)."""
-        key = "eval" if split in _EVAL_SPLITS else split
-        if key not in {"train", "eval", "all"}:
-            raise DataError(f"dataset {self.name!r} has no split {split!r}; use train, eval or all")
+        key = split_key(self.name, split, error=DataError)
         if key not in self._cache:
             self._cache[key] = self._split(key)
         tasks = self._cache[key]
@@ -143,14 +115,7 @@ class _FileDataset(Dataset):
                 return self._tasks(train_path) + self._tasks(eval_path)
             return self._tasks(eval_path if key == "eval" else train_path)
         tasks = self._tasks(train_path)
-        if key == "all":
-            return tasks
-        held = (
-            config.eval_size if config.eval_size is not None else math.ceil(len(tasks) * config.eval_fraction)
-        )
-        held = min(held, len(tasks) - 1) if len(tasks) > 1 else 0
-        cut = len(tasks) - held
-        return tasks[cut:] if key == "eval" else tasks[:cut]
+        return tail_split(tasks, key, eval_size=config.eval_size, eval_fraction=config.eval_fraction)
 
 
 def humaneval_path() -> Path:

@@ -202,14 +202,6 @@ class MathEnv(_SandboxedEnv):
     Config = MathEnvConfig
     config: MathEnvConfig
 
-    async def reset(self, task: Task) -> EpisodeStart:
-        start = await super().reset(task)
-        examples = self.few_shot_messages()
-        if examples:
-            at = 1 if start.messages and start.messages[0].get("role") == "system" else 0
-            start.messages[at:at] = examples
-        return start
-
     def few_shot_messages(self) -> list[dict[str, Any]]:
         """The worked examples as messages written by the format itself (question, python call,
         its result, answer); empty without the python tool or with a format that cannot write calls.

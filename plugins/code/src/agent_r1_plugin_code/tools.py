@@ -44,7 +44,36 @@ def format_execution(result: ExecutionResult) -> str:
     return "\n".join(parts) if parts else "(no output; print() what you want to see)"
 
 
-class PythonTool(Tool):
+class _SandboxedTool(Tool):
+    """A tool whose calls run in sandboxes of its own group, which the episode's end closes."""
+
+    class Arguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        code: str
+
+    class Config(ComponentConfig):
+        sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits and isolation")
+
+    config: Config
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.records: list[dict[str, Any]] = []
+        self._group = SandboxGroup()
+        check_isolation(self.config.sandbox)  # a machine that cannot sandbox fails now, not mid-episode
+
+    def close(self) -> None:
+        """End the episode's sandboxes now (their processes are killed, a running call included)."""
+        self._group.close()
+
+    def reopen(self) -> None:
+        """A new episode on this instance: a fresh group (the closed one keeps refusing)."""
+        if self._group.closed:
+            self._group = SandboxGroup()
+
+
+class PythonTool(_SandboxedTool):
     """Run Python code in a sandbox (separate process, no network, resource limits)."""
 
     name = "python"
@@ -54,24 +83,18 @@ class PythonTool(Tool):
         "printed, the value of its last expression, or the error."
     )
 
-    class Arguments(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
+    class Arguments(_SandboxedTool.Arguments):
         code: str = Field(description="Python code to run, e.g. print(sum(range(10)))")
 
-    class Config(ComponentConfig):
-        sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits and isolation")
+    class Config(_SandboxedTool.Config):
         persistent: bool = Field(True, description="one session per episode (False: fresh sandbox per call)")
 
     config: Config
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__(config)
-        self.records: list[dict[str, Any]] = []
         self._session: PythonSession | None = None
         self._lock = threading.Lock()
-        self._group = SandboxGroup()
-        check_isolation(self.config.sandbox)  # a machine that cannot sandbox fails now, not mid-episode
+        super().__init__(config)
 
     def run(self, arguments: Any) -> str:
         if isinstance(arguments, dict):
@@ -95,19 +118,16 @@ class PythonTool(Tool):
         return format_execution(result)
 
     def close(self) -> None:
-        """End the episode's sandboxes now (their processes are killed, a running call included)."""
-        self._group.close()
+        super().close()
         with self._lock:
             self._session = None
 
     def reopen(self) -> None:
-        """A new episode on this instance: a fresh group (the closed one keeps refusing)."""
         with self._lock:
-            if self._group.closed:
-                self._group = SandboxGroup()
+            super().reopen()
 
 
-class RunTestsTool(Tool):
+class RunTestsTool(_SandboxedTool):
     """Run the task's visible tests against a complete solution and report the failures."""
 
     name = "run_tests"
@@ -117,24 +137,18 @@ class RunTestsTool(Tool):
         "many passed and, for each failure, the test and its error."
     )
 
-    class Arguments(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
+    class Arguments(_SandboxedTool.Arguments):
         code: str = Field(description="the complete solution, e.g. def add(a, b):\n    return a + b")
 
-    class Config(ComponentConfig):
-        sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="limits and isolation")
+    class Config(_SandboxedTool.Config):
         per_test_timeout_s: float = Field(3.0, gt=0, description="a test running longer fails")
         max_failures_shown: int = Field(3, ge=1, description="failures described in the report")
 
     config: Config
 
     def __init__(self, config: Any = None) -> None:
-        super().__init__(config)
-        self.records: list[dict[str, Any]] = []
         self.task: Task | None = None
-        self._group = SandboxGroup()
-        check_isolation(self.config.sandbox)
+        super().__init__(config)
 
     def bind_task(self, task: Task) -> None:
         """Give the tool the task whose visible tests it runs (the code environment does this)."""
@@ -167,15 +181,6 @@ class RunTestsTool(Tool):
             }
         )
         return self.report(outcome.passed, outcome.total, result)
-
-    def close(self) -> None:
-        """Stop the sandboxes of a judgement still running (the episode ended)."""
-        self._group.close()
-
-    def reopen(self) -> None:
-        """A new episode on this instance: a fresh group (the closed one keeps refusing)."""
-        if self._group.closed:
-            self._group = SandboxGroup()
 
     def report(self, passed: int, total: int, result: ExecutionResult) -> str:
         """The text the agent reads: the count, then each failure (test and error)."""

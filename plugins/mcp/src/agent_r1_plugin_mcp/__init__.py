@@ -10,25 +10,23 @@ its entry point stays cheap (the MCP SDK itself is imported only when a server i
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent_r1.lazy import lazy_dir, lazy_getattr
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "McpConnection": "connection",
-    "McpServerError": "connection",
-    "McpEnv": "env",
-    "McpEnvConfig": "env",
-    "McpTool": "tools",
-    "ServerConfig": "config",
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
+    ".connection": (
+        "McpConnection",
+        "McpServerError",
+    ),
+    ".env": (
+        "McpEnv",
+        "McpEnvConfig",
+    ),
+    ".tools": ("McpTool",),
+    ".config": ("ServerConfig",),
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [*sorted(name for names in _EXPORTS.values() for name in names), "__version__"]
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+__dir__ = lazy_dir(__name__, _EXPORTS)

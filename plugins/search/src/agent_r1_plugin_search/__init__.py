@@ -11,53 +11,30 @@ through its entry point stays cheap::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from agent_r1.lazy import lazy_dir, lazy_getattr
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "Hit": "corpus",
-    "Passage": "corpus",
-    "CorpusError": "corpus",
-    "read_passages": "corpus",
-    "bundled_path": "corpus",
-    "Retriever": "retrievers",
-    "BM25Retriever": "retrievers",
-    "DenseRetriever": "retrievers",
-    "HttpRetriever": "retrievers",
-    "RetrieverConfig": "retrievers",
-    "RetrievalError": "retrievers",
-    "build_retriever": "retrievers",
-    "get_retriever": "retrievers",
-    "ProtocolError": "protocol",
-    "normalize_answer": "agent_r1.rewards",
-    "exact_match": "agent_r1.rewards",
-    "f1_score": "agent_r1.rewards",
-    "substring_match": "agent_r1.rewards",
-    "SearchTool": "tool",
-    "SearchRecord": "tool",
-    "format_hits": "tool",
-    "SearchQAEnv": "env",
-    "final_answer": "agent_r1.rewards",
-    "retrieval_recall": "evaluation",
-    "create_app": "server",
-    "serve": "server",
+_EXPORTS: dict[str, tuple[str, ...]] = {  # module → the names it gives this package
+    ".corpus": ("Hit", "Passage", "CorpusError", "read_passages", "bundled_path"),
+    ".retrievers": (
+        "Retriever",
+        "BM25Retriever",
+        "DenseRetriever",
+        "HttpRetriever",
+        "RetrieverConfig",
+        "RetrievalError",
+        "build_retriever",
+        "get_retriever",
+    ),
+    ".protocol": ("ProtocolError",),
+    "agent_r1.rewards": ("normalize_answer", "exact_match", "f1_score", "substring_match", "final_answer"),
+    ".tool": ("SearchTool", "SearchRecord", "format_hits"),
+    ".env": ("SearchQAEnv",),
+    ".evaluation": ("retrieval_recall",),
+    ".server": ("create_app", "serve"),
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agent_r1_plugin_search' has no attribute {name!r}")
-    # The answer metrics live in the core (one definition for every reward and report).
-    path = module if "." in module else f"agent_r1_plugin_search.{module}"
-    value = getattr(importlib.import_module(path), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = [*sorted(name for names in _EXPORTS.values() for name in names), "__version__"]
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+__dir__ = lazy_dir(__name__, _EXPORTS)

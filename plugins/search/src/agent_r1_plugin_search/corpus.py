@@ -19,9 +19,7 @@ the missing field.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent_r1 import AgentR1Error
+from agent_r1.records import read_records
 
 CorpusFormat = Literal["auto", "passages", "qa"]
 
@@ -119,55 +118,12 @@ def resolve_corpus_path(corpus: str | os.PathLike[str]) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def _open_text(path: Path) -> Any:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
-
-
-def _is_json_array_file(path: Path) -> bool:
-    name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    return name.endswith(".json")
-
-
 def iter_records(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield ``(where, record)`` from a JSONL or JSON file; ``where`` is ``file:line`` or ``file[index]``.
-
-    A line or record that is not a JSON object raises :class:`CorpusError` naming it.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CorpusError(f"data file {str(path)!r} does not exist")
-    try:
-        with _open_text(path) as handle:
-            if _is_json_array_file(path):
-                try:
-                    data = json.load(handle)
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-                if isinstance(data, dict) and isinstance(data.get("data"), list):
-                    data = data["data"]
-                if not isinstance(data, list):
-                    raise CorpusError(f"{path}: expected a JSON list of records (or {{'data': [...]}})")
-                for index, record in enumerate(data):
-                    where = f"{path}[{index}]"
-                    if not isinstance(record, dict):
-                        raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
-                    yield where, record
-                return
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-                if not isinstance(record, dict):
-                    raise CorpusError(f"{where}: expected a JSON object, got {type(record).__name__}")
-                yield where, record
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise CorpusError(f"cannot read {path}: {exc}") from None
+    """Yield ``(where, record)`` from a JSONL or JSON file (``.gz`` too; a JSON file holds a list
+    or ``{"data": [...]}``); ``where`` is ``file:line`` or ``file[index]``. A problem raises
+    :class:`CorpusError` naming the file and the record."""
+    for where, _, record in read_records(path, error=CorpusError):
+        yield where, record
 
 
 def split_contents(contents: str) -> tuple[str, str]:

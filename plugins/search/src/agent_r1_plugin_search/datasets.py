@@ -21,7 +21,6 @@ evaluations over several datasets at once.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -30,10 +29,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from agent_r1 import ComponentConfig, ComponentSpec, Dataset, Task
+from agent_r1.records import split_key, tail_split
 from agent_r1.rewards import as_aliases
 from agent_r1_plugin_search.corpus import CorpusError, bundled_path, iter_records
 
-_EVAL_SPLITS = {"eval", "validation", "dev", "test"}
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 
 
@@ -122,9 +121,7 @@ class QADataset(Dataset):
 
     def load(self, split: str) -> list[Task]:
         """The tasks of ``split`` (``train``, ``eval`` and its synonyms, or ``all``)."""
-        key = "eval" if split in _EVAL_SPLITS else split
-        if key not in {"train", "eval", "all"}:
-            raise CorpusError(f"dataset {self.name!r} has no split {split!r}; use train, eval or all")
+        key = split_key(self.name, split, error=CorpusError)
         if key not in self._cache:
             self._cache[key] = self._eval_only(key) if self.config.use_for == "eval" else self._split(key)
         tasks = self._cache[key]
@@ -148,14 +145,7 @@ class QADataset(Dataset):
                 return self._tasks(path, "train") + self._tasks(config.eval_path, "eval")
             return self._tasks(config.eval_path if key == "eval" else path, key)
         tasks = self._tasks(path, key)
-        if key == "all":
-            return tasks
-        held_out = (
-            config.eval_size if config.eval_size is not None else math.ceil(len(tasks) * config.eval_fraction)
-        )
-        held_out = min(held_out, len(tasks) - 1) if len(tasks) > 1 else 0
-        cut = len(tasks) - held_out
-        return tasks[cut:] if key == "eval" else tasks[:cut]
+        return tail_split(tasks, key, eval_size=config.eval_size, eval_fraction=config.eval_fraction)
 
 
 # --------------------------------------------------------------------------------------------
