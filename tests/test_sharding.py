@@ -2,14 +2,14 @@
 
 The same updates as one unsharded process: losses, gradient norms and final weights (GRPO with a
 clipped gradient, PPO with a value head on the policy and KL in the loss over two mini-batches, a
-separate critic model, LoRA) on 2 processes, and GRPO on 4 and on two "nodes" joined by a c10d
-rendezvous. Sabotage shows the tests can fail: a gradient norm taken per shard changes the update,
-and a process left unsharded is refused on every process instead of hanging. Checkpoints hold the
-unsharded state, so a run continues on another number of processes (2 -> 1, 1 -> 2, and into an
-unsharded run) exactly. Every process holds about 1/N of the parameters, gradients and AdamW
-state. End to end through the CLI, with real rollouts from the gathered weights, a sharded run
-makes the same steps as a DDP run, survives SIGKILL with --resume, and exports a model plain
-transformers loads.
+separate critic model, LoRA, REINFORCE++ with batch-wide whitening) on 2 processes, sharded and with
+DDP, and GRPO on 4 and on two "nodes" joined by a c10d rendezvous. Sabotage shows the tests can
+fail: a gradient norm taken per shard changes the update, and a process left unsharded is refused on
+every process instead of hanging. Checkpoints hold the unsharded state, so a run continues on
+another number of processes (2 -> 1, 1 -> 2, and into an unsharded run) exactly. Every process holds
+about 1/N of the parameters, gradients and AdamW state. End to end through the CLI, with real
+rollouts from the gathered weights, a sharded run makes the same steps as a DDP run, survives
+SIGKILL with --resume, and exports a model plain transformers loads.
 """
 
 from __future__ import annotations
@@ -95,27 +95,33 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("sharding") / "model")
 
 
+SCENARIOS = ("grpo", "ppo", "critic", "lora", "rpp", "uneven")
+TWO_PROCESS_ARMS = [*(f"{s}:fsdp2" for s in SCENARIOS), "ppo:none", "rpp:none"]
+
+
 @pytest.fixture(scope="module")
 def single(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """One unsharded process per scenario: the reference."""
+    """One unsharded process per scenario (one launch): the reference."""
     root = tmp_path_factory.mktemp("single")
-    results = {}
-    for scenario in ("grpo", "ppo", "critic", "lora"):
-        _work(0, model_dir, root / scenario, scenario, "none")
-        results[scenario] = _result(root / scenario)
-    return results
+    _work(0, model_dir, root, ",".join(f"{s}:none" for s in SCENARIOS), "none")
+    return {s: _result(root / f"{s}-none") for s in SCENARIOS}
 
 
-@pytest.mark.parametrize(
-    ("scenario", "mode"),
-    [("grpo", "fsdp2"), ("ppo", "fsdp2"), ("critic", "fsdp2"), ("lora", "fsdp2"), ("ppo", "none")],
-)
-def test_two_processes_train_like_one(
-    scenario: str, mode: str, model_dir: Path, single: dict[str, dict[str, Any]], tmp_path: Path
-) -> None:
-    """Sharded, and with DDP (``none``): the logged losses are the whole update's too."""
-    _work(2, model_dir, tmp_path / mode, scenario, mode)
-    got = _result(tmp_path / mode)
+@pytest.fixture(scope="module")
+def two(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every two-process arm, one launch."""
+    root = tmp_path_factory.mktemp("two")
+    _work(2, model_dir, root, ",".join(TWO_PROCESS_ARMS), "fsdp2")
+    return root
+
+
+@pytest.mark.parametrize("arm", TWO_PROCESS_ARMS)
+def test_two_processes_train_like_one(arm: str, single: dict[str, dict[str, Any]], two: Path) -> None:
+    """Sharded, and with DDP (``none``): loss normalisation and batch-level advantage statistics
+    span every process, and the logged losses are the whole update's. ``uneven``: a process with
+    fewer rows (fewer micro-batches) is padded with loss-free rows, so both run the same passes."""
+    scenario, _, mode = arm.partition(":")
+    got = _result(two / f"{scenario}-{mode}")
     _assert_same_training(single[scenario], got)
     full = single[scenario]["bytes"]
     share = 0.55 if mode == "fsdp2" else 1.0
