@@ -247,20 +247,9 @@ def _train(config: Path, plugin: Path, *extra: str, delay: float = 0.0) -> subpr
 
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun starts its workers in sessions of their own)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
+    import psutil
+
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
 
 
 def _finish(process: subprocess.Popen[str]) -> None:

@@ -72,7 +72,7 @@ def rollout(
             temperature=temperature,
             salt=salt,
             policy_version=session.step,
-            decoding=session.decoding or session.config.rollout.decoding,
+            decoding=session.decoding,  # None: the source uses the run's rollout.decoding
             on_progress=bar.update,
         )
         trajectories = session.source.rollout(request)

@@ -226,26 +226,40 @@ class Session:
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue exactly (weights, optimizer, data position,
-        random generators)."""
+        random generators). Sharded, every process must call it: the weights and the optimizer
+        state (keyed by parameter name) are gathered unsharded onto rank 0, so that any number of
+        processes, sharded or not, can resume from it."""
         assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
-        if self.sharded:  # every process takes part; rank 0 holds the gathered state
-            return self._full_state()
+        if self.sharded:
+            from agent_r1.engine.learner import sharding
+
+            weights: Callable[[nn.Module], dict[str, Any]] = sharding.full_model_state
+            optimizer = sharding.full_optimizer_state(sharding.sharded_modules(self), self.optimizer)
+        else:
+            unwrap = self.accelerator.unwrap_model
+
+            def weights(module: nn.Module) -> dict[str, Any]:
+                return {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
+
+            optimizer = self.optimizer.state_dict()
         state: dict[str, Any] = {
             "step": self.step,
-            "model": {k: v.detach().cpu() for k, v in self.unwrapped.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
+            "model": weights(self.model),
+            "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_ctl.value,
             "data": self.stream.state(),
             "rng": ckpt.capture_rng(),
             "bad_steps": self.bad_updates,
         }
+        if self.sharded:
+            state["optimizer_keys"] = "names"
         if self.health is not None:
             state["health"] = self.health.state_dict()
-        if self.value_head is not None:
-            state["value_head"] = self.accelerator.unwrap_model(self.value_head).state_dict()
-        if self.critic_model is not None:
-            state["critic_model"] = self.accelerator.unwrap_model(self.critic_model).state_dict()
+        for name in ("value_head", "critic_model"):
+            module = getattr(self, name)
+            if module is not None:
+                state[name] = weights(module)
         return state
 
     def exportable(self) -> tuple[nn.Module | None, tuple[dict[str, Any], Any] | None]:
@@ -274,32 +288,6 @@ class Session:
             assert self.critic_model is not None
             separate = sharding.plain_copy(self.critic_model, critic_state)
         return policy, (head, separate)
-
-    def _full_state(self) -> dict[str, Any]:
-        """:meth:`state_dict` of a sharded session: the unsharded weights and the optimizer state
-        keyed by parameter name, gathered from every process (so that any number of processes,
-        sharded or not, can resume from it)."""
-        from agent_r1.engine.learner import sharding
-
-        assert self.optimizer is not None and self.stream is not None and self.kl_ctl is not None
-        state: dict[str, Any] = {
-            "step": self.step,
-            "model": sharding.full_model_state(self.model),
-            "optimizer": sharding.full_optimizer_state(sharding.sharded_modules(self), self.optimizer),
-            "optimizer_keys": "names",
-            "scheduler": self.scheduler.state_dict(),
-            "kl_coef": self.kl_ctl.value,
-            "data": self.stream.state(),
-            "rng": ckpt.capture_rng(),
-            "bad_steps": self.bad_updates,
-        }
-        if self.health is not None:
-            state["health"] = self.health.state_dict()
-        if self.value_head is not None:
-            state["value_head"] = sharding.full_model_state(self.value_head)
-        if self.critic_model is not None:
-            state["critic_model"] = sharding.full_model_state(self.critic_model)
-        return state
 
     def _load_weights(self, state: dict[str, Any], source: str) -> None:
         """The weights of :meth:`state_dict`'s output, into sharded or plain modules."""

@@ -493,7 +493,7 @@ def _ghost_rows(session: Session, local: list[Trajectory], everything: list[Traj
     must run the same number of them. Copies of a real trajectory (this process's, or any)."""
     if not session.sharded or session.world == 1:
         return []
-    missing = sharding.balance(all_gather(session, [len(local)])) - len(local)
+    missing = max(all_gather(session, [len(local)])) - len(local)
     if missing <= 0 or not everything:
         return []
     return [(local or everything)[0]] * missing

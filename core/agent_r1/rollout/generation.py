@@ -119,7 +119,8 @@ def action_from_generation(
 class RolloutRequest:
     """One batch of rollouts asked of a rollout source: every task ``group_size`` times, sampled at
     ``temperature`` from ``seed``, grouped under ``salt`` (:func:`group_samples`), stamped with
-    ``policy_version``; ``decoding`` is the decoding strategy (``None``: plain sampling) and
+    ``policy_version``; ``decoding`` is the decoding strategy (``None``: the run's
+    ``rollout.decoding``; a source that picks no actions itself, the gateway, ignores it) and
     ``on_progress(done, total)`` is told of every finished episode."""
 
     tasks: Sequence[Task]

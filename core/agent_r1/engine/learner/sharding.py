@@ -15,7 +15,7 @@ What sharding changes, and where it is handled:
   model's ``_no_split_modules``, its decoder layers) and, when they are not tied, the input and
   output embeddings get their own unit; the root takes the rest;
 * **equal work**: every forward and backward pass all-gathers parameters, so every process must run
-  the same passes in the same order. :func:`balance` pads a process's batch with rows that carry no
+  the same passes in the same order. The update pads a process's batch with rows that carry no
   loss (copies of a real row, masked) up to the largest process's size; generation, whose number of
   forward passes differs between processes, runs on parameters gathered once per step
   (:func:`gathered`);
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from agent_r1.engine.session import Session
 
 __all__ = [
-    "balance",
     "check_agreement",
     "clip_grad_norm",
     "full_model_state",
@@ -311,12 +310,6 @@ def local_bytes(
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     out["optimizer"] += local(value).numel() * value.element_size()
     return out
-
-
-def balance(sizes: Sequence[int]) -> int:
-    """How many rows each process must hold so that every process runs the same passes: the
-    largest process's."""
-    return max(sizes) if sizes else 0
 
 
 def sharded_modules(session: Session) -> list[nn.Module]:
