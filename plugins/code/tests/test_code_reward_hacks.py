@@ -416,3 +416,57 @@ def test_the_outcome_rewards_give_a_hack_nothing(tasks: dict[str, Task]) -> None
     )
     assert CodeTestsReward({"sandbox": FAST}).score(episode, task)[0].value == 0.0
     assert CodeSolvedReward({"sandbox": FAST}).score(episode, task)[0].value == 0.0
+
+
+PLANTER = """
+import os, sys, tempfile
+
+_NAMES = ("sitecustomize.py", "usercustomize.py", "agent_r1_planted.pth")
+_PAYLOAD = "import builtins; builtins.AGENT_R1_PLANTED = True\\n"
+
+def _plant():
+    places = {p for p in sys.path if p} | {os.getcwd(), tempfile.gettempdir(), os.path.expanduser("~")}
+    places |= {"/tmp", "/var/tmp", "/dev/shm"}
+    written = 0
+    for place in places:
+        for name in _NAMES:
+            try:
+                with open(os.path.join(place, name), "w") as handle:
+                    handle.write(_PAYLOAD)
+                written += 1
+            except OSError:
+                pass  # a read-only or missing place: try the next
+    return written
+
+WRITTEN = _plant()
+
+def add(a, b):
+    return 0
+"""
+PLANTED_READER = (
+    "import builtins\n\ndef add(a, b):\n    return 3 if getattr(builtins, 'AGENT_R1_PLANTED', False) else 0\n"
+)
+
+
+def test_files_planted_by_one_solution_reach_no_later_verdict(tasks: dict[str, Task]) -> None:
+    """A solution writes ``sitecustomize.py``, ``usercustomize.py`` and a ``.pth`` into every place
+    it can reach (its ``sys.path``, working directory, temporary directories, home), hoping that the
+    next interpreter started by the judge, inside a sandbox or on the trusted side, runs them. The
+    next solution only passes ``add(1, 2) == 3`` if the planted code ran in its sandbox; the host's
+    own interpreter must not run it either."""
+    import subprocess
+    import sys
+
+    task = tasks["add"]
+    assert judge(PLANTER, task, sandbox=FAST).passed == 0
+    assert judge(PLANTED_READER, task, sandbox=FAST).passed == 0
+    host = subprocess.run(
+        [sys.executable, "-c", "import builtins; print(hasattr(builtins, 'AGENT_R1_PLANTED'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert host.stdout.strip() == "False", host.stdout + host.stderr
+    # the reader does notice the flag when it is set (so the second verdict could have been 1)
+    flagged = "import builtins\nbuiltins.AGENT_R1_PLANTED = True\n" + PLANTED_READER
+    assert judge(flagged, task, sandbox=FAST).passed == 1
