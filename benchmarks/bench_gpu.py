@@ -30,6 +30,14 @@ H100 SXM and H200, without sparsity) or ``--peak-tflops``.
   checkpoint state gathered (``Session.state_dict``), the export copy (``Session.exportable``)
   and one ``hf`` rollout of every row from the gathered policy. Tokens per second and peak memory.
 
+* **Packing** (``--sections packing``): one update on a long-tailed batch of multi-turn
+  trajectories (``benchmarks/bench_packing.py``'s: 16 rows of 200 to 8,000 tokens) padded in
+  micro-batches of 2 rows, grouped by a token budget of 8,192, and packed within that budget
+  (``sdpa_varlen``, and transformers' block-diagonal ``sdpa`` mask); then padded in micro-batches
+  of 4 on its own (it may not fit). Tokens per second, peak memory, padding share; and the largest
+  difference between the packed and padded log-probabilities of the same rows (bf16, and the
+  same check on a small float32 model).
+
     python benchmarks/bench_gpu.py                 # the Qwen2.5-0.5B shape, bf16, on the GPU
     python benchmarks/bench_gpu.py --sections sharding   # the FSDP2 check alone
     python benchmarks/bench_gpu.py --smoke         # a tiny shape in fp32 on the CPU (the tests run it)
@@ -396,7 +404,7 @@ def markdown(results: dict[str, Any]) -> str:
         "| section | arm | median s | tokens/s | MFU | peak GPU memory GiB |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for section in ("rollout", "training", "sharding"):
+    for section in ("rollout", "training", "sharding", "packing"):
         for arm, row in results.get(section, {}).items():
             if not isinstance(row, dict) or "median_s" not in row:
                 continue
@@ -418,6 +426,21 @@ def markdown(results: dict[str, Any]) -> str:
             f"{sharding['update, unsharded']['tokens_per_s']:,.0f} tokens/s); checkpoint gather "
             f"{session['checkpoint_gather_s']:.2f} s, export copy {session['export_copy_s']:.2f} s, "
             f"hf rollout {session['rollout_tokens_per_s']:,.0f} tokens/s."
+        )
+    if "packing" in results and "packed, sdpa_varlen" in results["packing"]:
+        packing = results["packing"]
+        padded, packed = packing["padded, 2 rows"], packing["packed, sdpa_varlen"]
+        four = packing.get("padded, 4 rows", {})
+        lengths = packing["lengths"]
+        speed = packed["tokens_per_s"] / padded["tokens_per_s"]
+        memory = packed.get("peak_gib", 0) / max(padded.get("peak_gib", 1e-9), 1e-9)
+        four_text = four.get("error") or f"{four.get('peak_gib', 0):.1f} GiB"
+        exact = ", ".join(f"{k} {v:.1e}" for k, v in packing["exactness"].items())
+        lines.append(
+            f"Packing ({len(lengths)} rows of {min(lengths)}-{max(lengths)} tokens): packed {speed:.2f}x "
+            f"the tokens/s of padded micro-batches of 2 at {memory:.0%} of its peak memory; padding share "
+            f"{padded['padding_share']:.0%} -> {packed['padding_share']:.0%}; padded micro-batches of 4: "
+            f"{four_text}; largest |packed - padded| log-probability: {exact}."
         )
     split = results["training"]["agent-r1 update"].get("split_s", {})
     if split:
@@ -511,6 +534,120 @@ def sharding_section(
     return results
 
 
+def packing_section(
+    shape: dict[str, Any], tokenizer: Any, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Padded, token-budget and packed updates on a long-tailed multi-turn batch (see the module
+    docstring), then the exactness of the packed forward pass on this device."""
+    from bench_packing import long_tailed_lengths
+    from bench_packing import trajectories as long_trajectories
+
+    import agent_r1.builtins
+    import agent_r1.testing.toy as toy
+    from agent_r1.config import RunConfig, validate_components
+    from agent_r1.engine import build_session
+    from agent_r1.engine.update import update
+    from agent_r1.registry import Registry, get_registry, reset_registry
+
+    registry = get_registry()
+    registry.load()
+    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
+        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
+    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    shortest, longest = (20, 200) if args.smoke else (200, 8000)
+    lengths = long_tailed_lengths(16, shortest, longest)
+    budget = 8192 if not args.smoke else 256
+    layouts = {
+        "padded, 2 rows": {"micro_batch_size": 2},
+        "token budget": {"max_tokens_per_micro_batch": budget},
+        "packed, sdpa_varlen": {"max_tokens_per_micro_batch": budget, "packing": True},
+        "packed, sdpa block mask": {"max_tokens_per_micro_batch": budget, "packing": True},
+        "padded, 4 rows": {"micro_batch_size": 4},
+    }
+
+    def session_for(name: str) -> Any:
+        run_dir = Path(args.out) / f"session-{name.replace(' ', '').replace(',', '-')}"
+        raw = run_config(args, run_dir, device)
+        raw["model"]["dtype"] = str(dtype).removeprefix("torch.")
+        raw["rollout"]["max_context"] = max(lengths)
+        raw["trainer"] = {**raw["trainer"], "tasks_per_step": 4, "skip_idle_rows": False, **layouts[name]}
+        run = RunConfig.model_validate(raw)
+        model = build_model(shape, device, dtype, args.seed)
+        session = build_session(
+            run,
+            validate_components(run, registry),
+            run_dir,
+            registry=registry,
+            model=model,
+            tokenizer=tokenizer,
+        )
+        if name.endswith("block mask"):  # transformers' own packed-sequence mask instead
+            for module in session.unwrapped.modules():
+                config = getattr(module, "config", None)
+                if getattr(config, "_attn_implementation", None) == "sdpa_varlen":
+                    config._attn_implementation = "sdpa"
+        return session
+
+    results: dict[str, Any] = {"lengths": lengths}
+    results["exactness"] = packing_exactness(shape, tokenizer, lengths, device, dtype, args.seed)
+    print(json.dumps({"packing exactness": results["exactness"]}), flush=True)
+    shares: dict[str, float] = {}
+    for name in layouts:  # one session at a time: an arm that runs out of memory is recorded
+        try:
+            session = session_for(name)
+
+            def step(session: Any = session, name: str = name) -> float:
+                metrics = update(session, long_trajectories(tokenizer, lengths))
+                shares[name] = metrics["batch/padding_share"]
+                return float(sum(lengths))
+
+            row = alternate({name: step}, args.repeats, device)[name]
+            row["tokens_per_s"], row["tokens"] = row.pop("units_per_s"), row.pop("units")
+            row["padding_share"] = shares[name]
+            session.close()
+            del session
+        except torch.OutOfMemoryError as exc:
+            row = {"error": f"out of memory: {str(exc).splitlines()[0][:200]}"}
+        results[name] = row
+        print(json.dumps({name: row}, default=str), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    reset_registry(Registry())
+    return results
+
+
+def packing_exactness(
+    shape: dict[str, Any],
+    tokenizer: Any,
+    lengths: list[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+) -> dict[str, float]:
+    """The largest |packed - padded| log-probability over the policy tokens of the batch: padded
+    in micro-batches of 2 rows against packed within a budget of 8,192 tokens (no-grad passes), on
+    the benchmark's model in its dtype and on a small float32 model."""
+    from bench_packing import trajectories as long_trajectories
+
+    from agent_r1.engine.learner.batch import collate
+    from agent_r1.engine.learner.packing import MicroBatching, no_grad_logprobs, prepare_packing
+
+    out: dict[str, float] = {}
+    small = {**shape, "hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    batch = collate(long_trajectories(tokenizer, lengths), int(tokenizer.pad_token_id)).to(device)
+    for name, model_shape, model_dtype in (("model", shape, dtype), ("small_fp32", small, torch.float32)):
+        model = build_model(model_shape, device, model_dtype, seed)
+        attention = prepare_packing(model)
+        padded = no_grad_logprobs(model, batch, 1.0, MicroBatching(rows=2))
+        packed = no_grad_logprobs(
+            model, batch, 1.0, MicroBatching(max_tokens=max(8192, max(lengths)), packed=True)
+        )
+        out[f"{name}_{attention}_max_abs_diff"] = float((packed - padded)[batch.loss_mask].abs().max())
+        del model
+    return out
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shape, fp32, CPU, few tokens")
@@ -520,7 +657,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new", type=int, default=512, help="generated (action) tokens per row")
     parser.add_argument("--micro", type=int, default=16, help="rows per training micro-batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per arm, alternating")
-    parser.add_argument("--sections", default="rollout,training,sharding", help="comma-separated")
+    parser.add_argument("--sections", default="rollout,training,sharding,packing", help="comma-separated")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak, for MFU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one more step of each training arm")
@@ -576,9 +713,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "training" in sections:
         results["training"] = training_section(model, tokenizer, args, device)
         print(json.dumps(results["training"], default=str), flush=True)
-    if "sharding" in sections:
-        results["sharding"] = sharding_section(shape, tokenizer, args, device, dtype)
-        print(json.dumps(results["sharding"], default=str), flush=True)
+    for name, section in (("packing", packing_section), ("sharding", sharding_section)):
+        if name in sections:
+            try:
+                results[name] = section(shape, tokenizer, args, device, dtype)
+            except Exception as exc:  # one section's failure is reported, the others' results kept
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(results[name], default=str), flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     if {"rollout", "training"} <= sections:
         (out / "results.md").write_text(markdown(results), encoding="utf-8")

@@ -13,7 +13,9 @@ loss and gradient norm, the final weights gathered from every process (through
 this process held. SCENARIO: ``grpo`` (3 steps, clipped), ``ppo`` (3 steps, a value head on the
 policy and KL to a reference model), ``critic`` (3 steps, a separate critic model), ``lora`` (2
 steps), ``rpp`` (2 steps of REINFORCE++: advantages whitened over the whole batch of every process),
-``uneven`` (2 GRPO steps on 6 trajectories: the processes hold different numbers of rows).
+``uneven`` (2 GRPO steps on 6 trajectories: the processes hold different numbers of rows),
+``packed`` (2 GRPO steps on 5 trajectories packed within a 45-token budget: the processes plan
+different numbers of micro-batches and even them out).
 ``--break`` (tests only): ``unsharded_rank1`` leaves rank 1's policy unsharded, ``local_norm`` clips
 with this process's shard norm instead of the whole gradient's. ``--save-after K`` writes the
 session's checkpoint state after K steps (``state.pt``, from rank 0) and stops; ``--resume STATE``
@@ -55,6 +57,10 @@ SCENARIOS: dict[str, tuple[int, dict[str, Any]]] = {
     "lora": (2, {"model": {"lora": {"r": 4, "alpha": 8}}, "trainer": {"grad_clip": 1.0}}),
     "rpp": (2, {"algorithm": {"name": "reinforce_pp"}, "trainer": {"grad_clip": None}}),
     "uneven": (2, {"algorithm": {"name": "grpo"}}),
+    "packed": (
+        2,
+        {"algorithm": {"name": "grpo"}, "trainer": {"max_tokens_per_micro_batch": 45, "packing": True}},
+    ),
 }
 UNEVEN_DROP = 2
 """``uneven`` trains on the first 6 trajectories only: on 2 processes the second holds 2 rows (one
@@ -91,8 +97,8 @@ def run(model_dir: Path, out: Path, scenario: str, mode: str, args: argparse.Nam
         session.load_state_dict(torch.load(args.resume, weights_only=False), source=args.resume)
     trajectories = fixed_trajectories(session.tokenizer, count=8)
     chunk = len(trajectories) // (session.world * run.trainer.mini_batches)
-    if scenario == "uneven":
-        trajectories = trajectories[:-UNEVEN_DROP]
+    if scenario in ("uneven", "packed"):
+        trajectories = trajectories[: -UNEVEN_DROP - (scenario == "packed")]
     # Rows i of the one-process batch go to the process that puts them in the same mini-batch.
     local = [t for i, t in enumerate(trajectories) if (i // chunk) % session.world == session.rank]
     history = []

@@ -53,7 +53,20 @@ def test_bench_gpu_smoke_runs_both_sections(tmp_path: Path) -> None:
     session = sharding["sharded session"]
     assert session["checkpoint_gather_s"] > 0 and session["export_copy_s"] > 0
     assert session["rollout_tokens_per_s"] > 0
+    packing = results["packing"]
+    arms = (
+        "padded, 2 rows",
+        "token budget",
+        "packed, sdpa_varlen",
+        "packed, sdpa block mask",
+        "padded, 4 rows",
+    )
+    assert all(packing[arm]["tokens"] == sum(packing["lengths"]) for arm in arms)
+    assert packing["padded, 4 rows"]["padding_share"] > packing["token budget"]["padding_share"] > 0
+    assert packing["packed, sdpa_varlen"]["padding_share"] == 0.0
+    assert packing["exactness"] and all(diff < 1e-4 for diff in packing["exactness"].values())
     report = (out / "results.md").read_text(encoding="utf-8")
+    assert "| packing | packed, sdpa_varlen |" in report and "Packing (16 rows" in report
     assert "| training | agent-r1 update |" in report and "| rollout | model.generate |" in report
     assert "| sharding | update, sharding fsdp2 |" in report and "Sharding (FSDP2, one process)" in report
 

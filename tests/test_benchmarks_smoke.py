@@ -122,3 +122,29 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     )
     assert process.returncode == 2
     assert "unknown section(s) speed" in process.stderr and "trl, tools, scaling" in process.stderr
+
+
+def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
+    """``benchmarks/bench_packing.py --smoke``: every arm's update runs on the real engine (in
+    one process, tiny shapes) and the report holds the layout figures."""
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_packing.py"), "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    results = json.loads((tmp_path / "bench_packing.json").read_text(encoding="utf-8"))
+    arms = results["compare"][0]["arms"]
+    assert (
+        arms["padded"]["padding_share"]
+        > arms["budget"]["padding_share"]
+        > arms["packed"]["padding_share"]
+        == 0
+    )
+    losses = {round(arm["pg_loss"], 5) for arm in arms.values()}
+    assert len(losses) == 1, losses  # the same update in every layout
+    assert set(results["longest"]["fits"]) == {"padded", "packed"}
+    assert "| packed |" in (tmp_path / "bench_packing.md").read_text(encoding="utf-8")

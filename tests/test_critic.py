@@ -43,7 +43,7 @@ def _trajectory(name: str, prompt: list[int], actions: list[list[int]], observat
 def _values(session: Any, batch: Any) -> torch.Tensor:
     """The no-grad value pass the update uses before computing advantages."""
     backbone = session.critic_model if session.critic_model is not None else session.model
-    return no_grad_values(session.value_head, backbone, batch, micro_batch_size=8)
+    return no_grad_values(session.value_head, backbone, batch, 8)
 
 
 def _randomise(head: torch.nn.Module, seed: int = 0) -> None:

@@ -114,7 +114,8 @@ def _update(
     """One update of the tiny model on the fixed trajectories; returns (metrics, initial, final).
     ``exact_logprobs`` replaces the trajectories' rollout log-probabilities (-1 everywhere, far from
     the tiny model's) by the trainer's own recomputation, i.e. a rollout engine that agrees."""
-    from agent_r1.engine.learner.batch import collate, no_grad_logprobs
+    from agent_r1.engine.learner.batch import collate
+    from agent_r1.engine.learner.packing import no_grad_logprobs
     from agent_r1.engine.session import build_session
     from agent_r1.engine.update import update
 

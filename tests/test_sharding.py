@@ -95,8 +95,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_checkpoint(tmp_path_factory.mktemp("sharding") / "model")
 
 
-SCENARIOS = ("grpo", "ppo", "critic", "lora", "rpp", "uneven")
-TWO_PROCESS_ARMS = [*(f"{s}:fsdp2" for s in SCENARIOS), "ppo:none", "rpp:none"]
+SCENARIOS = ("grpo", "ppo", "critic", "lora", "rpp", "uneven", "packed")
+TWO_PROCESS_ARMS = [*(f"{s}:fsdp2" for s in SCENARIOS), "ppo:none", "rpp:none", "packed:none"]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,9 @@ def two(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_two_processes_train_like_one(arm: str, single: dict[str, dict[str, Any]], two: Path) -> None:
     """Sharded, and with DDP (``none``): loss normalisation and batch-level advantage statistics
     span every process, and the logged losses are the whole update's. ``uneven``: a process with
-    fewer rows (fewer micro-batches) is padded with loss-free rows, so both run the same passes."""
+    fewer rows (fewer micro-batches) is padded with loss-free rows, so both run the same passes.
+    ``packed``: with a token budget each process plans its own micro-batches; the one with fewer
+    splits its costliest or runs loss-free passes (DDP: one row against four)."""
     scenario, _, mode = arm.partition(":")
     got = _result(two / f"{scenario}-{mode}")
     _assert_same_training(single[scenario], got)

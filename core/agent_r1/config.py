@@ -342,6 +342,18 @@ class TrainerConfig(_Section):
     epochs: int = Field(1, ge=1, description="passes over each step's batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch_size: int = Field(4, ge=1, description="trajectories per forward/backward")
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="token budget of a forward/backward (rows x longest row, or the packed row's "
+        "length with packing): rows are grouped by length to fit it, overriding micro_batch_size; "
+        "a trajectory longer than the budget runs alone. null: micro_batch_size rows",
+    )
+    packing: bool = Field(
+        False,
+        description="lay a micro-batch's trajectories end to end in one row (no padding; attention "
+        "kept within each trajectory by restarting positions); needs sdpa, eager or flash attention",
+    )
     lr: float = Field(1e-5, gt=0, description="policy learning rate (AdamW)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")

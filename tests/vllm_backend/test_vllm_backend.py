@@ -11,8 +11,9 @@ import torch
 
 from agent_r1.builtins.hf_backend import HFBackend
 from agent_r1.contracts import ComponentConfig, Environment, EpisodeStart, SamplingParams
-from agent_r1.engine.learner.batch import collate, no_grad_logprobs
+from agent_r1.engine.learner.batch import collate
 from agent_r1.engine.learner.loss_utils import mismatch_kl
+from agent_r1.engine.learner.packing import no_grad_logprobs
 from agent_r1.engine.learner.rollout_correction import ratio_stats
 from agent_r1.mdp import Action, Observation, Task
 from agent_r1.rollout.loop import RolloutEngine

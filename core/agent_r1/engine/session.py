@@ -35,6 +35,7 @@ from agent_r1.contracts import AdvantageEstimator, Environment, PolicyLoss, Rewa
 from agent_r1.engine.artifacts import checkpoint as ckpt
 from agent_r1.engine.learner.critic import ValueHead
 from agent_r1.engine.learner.loss_utils import AdaptiveKLController, FixedKLController
+from agent_r1.engine.learner.packing import prepare_packing
 from agent_r1.engine.reports.health import HealthMonitor
 from agent_r1.engine.source import EngineSource, RolloutSource
 from agent_r1.errors import AgentR1Error, ConfigError
@@ -464,6 +465,8 @@ def _build_learner(session: Session, accelerator: Any, load_policy: Callable[...
     several processes: accelerate's (DDP), or FSDP2 shards (``trainer.sharding: fsdp2``)."""
     config = session.config
     model = session.model
+    if config.trainer.packing:  # before copying, sharding and wrapping: a plain model
+        prepare_packing(model)
     if config.algorithm.kl.coef > 0:  # beta = 0 loads no reference model at all
         session.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     critic = config.algorithm.critic
@@ -473,6 +476,8 @@ def _build_learner(session: Session, accelerator: Any, load_policy: Callable[...
                 **{**config.model.model_dump(), "path": critic.path or config.model.path}
             )
             critic_model, _ = load_policy(critic_cfg, device=accelerator.device)
+            if config.trainer.packing:
+                prepare_packing(critic_model)
             session.critic_model = critic_model.to(accelerator.device)
         session.value_head = ValueHead(int(model.config.hidden_size)).to(accelerator.device)  # type: ignore[union-attr]
     if session.sharded:

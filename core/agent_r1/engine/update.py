@@ -10,8 +10,10 @@
 3. token rewards, minus ``beta * KL`` when ``algorithm.kl.placement == "reward"``;
 4. advantages and returns from the estimator, over the whole batch;
 5. ``trainer.epochs`` passes of ``trainer.mini_batches`` optimizer steps; each step accumulates
-   micro-batches of ``trainer.micro_batch_size`` rows, with the loss normalised over the whole
-   mini-batch (and every process), so the update does not depend on the micro-batch size;
+   micro-batches (``trainer.micro_batch_size`` rows, or rows grouped by length within
+   ``trainer.max_tokens_per_micro_batch``; padded, or packed end to end with ``trainer.packing``),
+   with the loss normalised over the whole mini-batch (and every process), so the update does not
+   depend on how rows are grouped;
 6. the micro-batch loss (:func:`micro_loss`): the policy loss on policy tokens, optionally
    truncated importance sampling, the entropy bonus, the KL term, and the critic's clipped value
    loss;
@@ -36,14 +38,7 @@ from agent_r1.contracts import AdvantageInput, LossInput
 from agent_r1.engine.dist import all_gather, gather_padded_rows, mean_across, sum_across
 from agent_r1.engine.guards import NonFiniteLossWarning, check_rewards, track_bad_updates
 from agent_r1.engine.learner import sharding
-from agent_r1.engine.learner.batch import (
-    StepPrefix,
-    TrainBatch,
-    collate,
-    no_grad_logprobs,
-    policy_forward,
-    shared_prefix_length,
-)
+from agent_r1.engine.learner.batch import StepPrefix, TrainBatch, collate, shared_prefix_length
 from agent_r1.engine.learner.critic import critic_values, no_grad_values, state_values
 from agent_r1.engine.learner.loss_utils import (
     Normalizer,
@@ -52,6 +47,13 @@ from agent_r1.engine.learner.loss_utils import (
     kl_penalty,
     masked_mean,
     mismatch_kl_tensors,
+)
+from agent_r1.engine.learner.packing import (
+    MicroBatching,
+    equalize,
+    micro_forward,
+    no_grad_logprobs,
+    prefix_supported,
 )
 from agent_r1.engine.learner.rollout_correction import correction_weights, ratio_stats_tensors
 from agent_r1.engine.learner.turns import anchor_keys, turn_ids
@@ -101,8 +103,9 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
     if ghosts:
         batch = _masked_rows(batch, range(len(local), len(batch)))
     check_rewards(batch)
+    reset_peak_memory(session.device)
     temperature = config.rollout.temperature or 1.0
-    micro = config.trainer.micro_batch_size
+    micro = MicroBatching.of(config.trainer)
     one_update = config.trainer.epochs * config.trainer.mini_batches == 1
 
     old_logprobs = None if one_update else no_grad_logprobs(session.model, batch, temperature, micro)
@@ -149,6 +152,7 @@ def update(session: Session, local: list[Trajectory]) -> dict[str, float]:
     metrics["time/generation_s"] = mean_metric(local, "generation_s")
     metrics["time/tools_s"] = mean_metric(local, "tool_s")
     metrics["_tokens"] = float(sum(len(t) for t in everything))
+    metrics["memory/peak_gib"] = peak_memory_gib(session.device)
     assert session.scheduler is not None
     metrics["lr"] = session.scheduler.get_last_lr()[0]
     session.step += 1
@@ -244,7 +248,9 @@ def optimize(session: Session, batch: TrainBatch, targets: Targets, temperature:
         for index, name in enumerate(names):
             if name in sums:
                 sums[name] = totals[index]
+    computed, real = sums.pop("_computed_tokens", 0.0), sums.pop("_real_tokens", 0.0)
     out = host_floats({name: sums[name] / max(counts[name], 1) for name in sums})
+    out["batch/padding_share"] = 1.0 - float(real) / float(computed) if computed else 0.0
     out["actor/skipped_updates"] = float(skipped)
     return {**out, **timings}
 
@@ -266,32 +272,26 @@ def _mini_batch_step(
     from the host-side fields of the batch, losses are checked for finiteness and diagnostics
     summed on the device, and all of them come to the host after the last backward pass."""
     assert session.optimizer is not None
-    size = session.config.trainer.micro_batch_size
-    micro_rows = [rows[i : i + size] for i in range(0, len(rows), size)]
-    normalizer = global_normalizer(session, [batch.loss_mask[r] for r in micro_rows])
-    if _can_skip_idle_rows(session):
-        # Rows whose advantages are all zero add nothing to the gradient; they still count in the
-        # normaliser above, so the update is exactly the same.
-        busy = _busy_rows(targets, rows)
-        micro_rows = [busy[i : i + size] for i in range(0, len(busy), size)]
-        sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
-        counts["batch/idle_rows_skipped"] = 1
+    normalizer = global_normalizer(session, [batch.loss_mask[rows]])  # before any grouping
+    micro_rows = _micro_plan(session, batch, targets, rows, sums, counts)
     session.optimizer.zero_grad(set_to_none=True)
     started = time.perf_counter()
-    prefix = _step_prefix(session, batch, micro_rows)
+    prefix = _step_prefix(session, batch, [chunk for chunk in micro_rows if chunk])
     nonfinite: torch.Tensor | None = None  # any micro-batch loss so far not finite (on the device)
     step_sums: dict[str, torch.Tensor | float] = defaultdict(float)  # this step's diagnostics
     step_counts: dict[str, int] = defaultdict(int)
     for k, chunk in enumerate(micro_rows):
-        micro = batch.select(chunk)
+        micro = batch.select(chunk or rows[:1] or [0])  # an empty chunk: a loss-free pass (see equalize)
         loss, parts = micro_loss(
             session,
             micro,
-            targets.rows(chunk, micro.input_ids.shape[1]),
+            targets.rows(chunk or rows[:1] or [0], micro.input_ids.shape[1]),
             normalizer,
             temperature,
             step_prefix=prefix,
         )
+        if not chunk:
+            loss, parts = loss * 0.0, {}
         bad = ~torch.isfinite(loss.detach())
         nonfinite = bad if nonfinite is None else nonfinite | bad
         if k == len(micro_rows) - 1:
@@ -347,15 +347,15 @@ def micro_loss(
     algo = session.config.algorithm
     mask = micro.loss_mask  # [B, T] policy tokens
     shared_backbone = _critic_on_policy_backbone(session)
-    out = policy_forward(
+    packed = session.config.trainer.packing
+    out = micro_forward(
         session.model,
-        micro.input_ids,
-        micro.attention_mask,
+        micro,
+        packed,
         temperature=temperature,
         with_entropy=True,
         entropy_grad=algo.entropy_coef > 0,  # otherwise a metric: nothing kept for backward
         with_hidden=shared_backbone,
-        start=micro.first_policy_position(),
         step_prefix=step_prefix,
     )
     logprobs = out.logprobs  # [B, T]
@@ -397,7 +397,7 @@ def micro_loss(
             assert out.hidden is not None and session.value_head is not None
             values = state_values(session.value_head, out.hidden)  # [B, T], V(s_t) from position t - 1
         else:
-            values = critic_values(session.value_head, _critic_backbone(session), micro)
+            values = critic_values(session.value_head, _critic_backbone(session), micro, packed=packed)
         value_loss_tokens = (values - targets.returns) ** 2
         clip = algo.critic.value_clip
         if clip is not None and targets.old_values is not None:
@@ -440,6 +440,8 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     a critic on the policy's backbone (it reads the prefix's hidden states too)."""
     if len(micro_rows) < 2 or session.world != 1 or session.sharded:
         return None
+    if session.config.trainer.packing and not prefix_supported(session.model):
+        return None  # flash attention takes no mask for a packed row reading a prefix
     if _critic_on_policy_backbone(session):
         return None
     rows = [r for chunk in micro_rows for r in chunk]
@@ -448,6 +450,60 @@ def _step_prefix(session: Session, batch: TrainBatch, micro_rows: list[list[int]
     if length < STEP_PREFIX_MIN_TOKENS:
         return None
     return StepPrefix(session.model, ids[:1, :length])
+
+
+def _micro_plan(
+    session: Session,
+    batch: TrainBatch,
+    targets: Targets,
+    rows: list[int],
+    sums: dict[str, torch.Tensor | float],
+    counts: dict[str, int],
+) -> list[list[int]]:
+    """This process's micro-batches of an optimizer step's ``rows``, counted in ``sums``. With a
+    token budget on several processes, grown to as many as the busiest process runs (an empty one
+    is a loss-free pass)."""
+    batching = MicroBatching.of(session.config.trainer)
+    if _can_skip_idle_rows(session):
+        # Rows whose advantages are all zero add nothing to the gradient; they still count in the
+        # step's loss normaliser, so the update is exactly the same.
+        busy = _busy_rows(targets, rows)
+        sums["batch/idle_rows_skipped"] += len(rows) - len(busy)
+        counts["batch/idle_rows_skipped"] = 1
+        rows = busy
+    lengths = batch.lengths
+    plan = batching.plan(lengths, rows)
+    if session.world > 1 and batching.max_tokens is not None:
+        most = max(all_gather(session, [len(plan)]))
+        plan = equalize(plan, most, lambda chunk: batching.cost([lengths[r] for r in chunk]))
+    _count_layout(sums, counts, batching, lengths, plan)
+    return plan
+
+
+def _count_layout(
+    sums: dict[str, torch.Tensor | float],
+    counts: dict[str, int],
+    batching: MicroBatching,
+    lengths: Sequence[int],
+    micro_rows: list[list[int]],
+) -> None:
+    """Layout figures of an optimizer step's micro-batches: token positions computed, of which
+    padding (a loss-free pass counts as padding), the largest micro-batch and rows over budget."""
+    computed = real = 0
+    for chunk in micro_rows:
+        sizes = [lengths[r] for r in chunk] or [max(lengths, default=0)]
+        computed += batching.cost(sizes)
+        real += sum(sizes) if chunk else 0
+        sums["batch/max_micro_tokens"] = max(float(sums["batch/max_micro_tokens"]), batching.cost(sizes))
+        counts["batch/max_micro_tokens"] = 1
+    over = sum(
+        1 for chunk in micro_rows for r in chunk if batching.max_tokens and lengths[r] > batching.max_tokens
+    )
+    for name, value in (("micro_batches", len(micro_rows)), ("over_budget_rows", over)):
+        sums[f"batch/{name}"] += value
+        counts[f"batch/{name}"] = 1
+    sums["_computed_tokens"] += computed
+    sums["_real_tokens"] += real
 
 
 def _accumulate(sums: dict[str, torch.Tensor | float], counts: dict[str, int], parts: dict[str, Any]) -> None:
@@ -535,6 +591,22 @@ def _update_kl_controller(session: Session, observed: float, samples: int) -> fl
     observed = mean_across(session, observed)  # every process must move beta identically
     session.kl_ctl.update(observed, samples)
     return float(session.kl_ctl.value)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start measuring the peak memory of an update (GPUs; a CPU's peak is the process's)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The peak memory since :func:`reset_peak_memory`, in GiB: allocated GPU memory on a GPU, the
+    process's peak resident memory since it started on a CPU (it never goes down)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def _update_seed(session: Session) -> int:

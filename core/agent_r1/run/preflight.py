@@ -285,6 +285,51 @@ def _check_lora(report: PreflightReport, ctx: _Context) -> None:
     report.add("lora", "ok", f"{', '.join(targets)}: {len(adapted)} modules")
 
 
+PACKING_ATTENTION = (None, "sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""Attention implementations that keep packed trajectories apart from restarting positions."""
+
+
+def _check_memory(report: PreflightReport, ctx: _Context) -> None:
+    """Peak training memory per process against the device's, and the micro-batch layout."""
+    from agent_r1.models.loading import pick_device
+    from agent_r1.models.memory import estimate_training_memory, machine_memory_bytes
+
+    config = ctx.config
+    trainer = config.trainer
+    if trainer.packing and config.model.attn_implementation not in PACKING_ATTENTION:
+        raise AgentR1Error(
+            f"trainer.packing needs an attention implementation that keeps packed trajectories apart; "
+            f"model.attn_implementation={config.model.attn_implementation!r} is not one of "
+            f"{', '.join(a for a in PACKING_ATTENTION if a)}: pick one, or set trainer.packing: false"
+        )
+    if ctx.parameters is None:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    estimate = estimate_training_memory(config, ctx.hf_config, ctx.parameters, ctx.trainable, world=world)
+    device = pick_device(config.model.device)
+    available = machine_memory_bytes(device)
+    where = f"{device.type} memory ({available / 2**30:.1f} GiB)"
+    if estimate.total > 0.9 * available:
+        report.add(
+            "memory",
+            "warn",
+            f"training may run out of memory: {estimate.summary()} against {where}. Set "
+            "trainer.max_tokens_per_micro_batch (a smaller budget), model.gradient_checkpointing: "
+            "true, trainer.packing: true, LoRA, or trainer.sharding: fsdp2 over more processes",
+        )
+    else:
+        report.add("memory", "ok", f"{estimate.summary()}; {where}")
+    budget = trainer.max_tokens_per_micro_batch
+    if budget is not None and budget < config.rollout.max_context:
+        report.add(
+            "memory",
+            "warn",
+            f"trainer.max_tokens_per_micro_batch={budget} is below rollout.max_context="
+            f"{config.rollout.max_context}: a trajectory longer than the budget trains alone, above "
+            "it (counted as batch/over_budget_rows)",
+        )
+
+
 def _is_rope(hf_config: Any) -> bool:
     return any(
         getattr(hf_config, attribute, None) is not None
@@ -581,6 +626,8 @@ def preflight(
             )
         if ctx.module_names:
             run("lora", lambda: _check_lora(report, ctx))
+        if config.trainer.steps > 0:
+            run("memory", lambda: _check_memory(report, ctx))
         run("context", lambda: _check_context(report, ctx))
         run("tokenizer", lambda: _check_tokenizer(report, ctx))
     run("data", lambda: _check_data(report, ctx))

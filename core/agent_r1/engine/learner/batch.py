@@ -288,29 +288,3 @@ def first_policy_position(mask: torch.Tensor) -> int:
     """The earliest column holding a policy token in ``mask`` ``[B, T]`` (0 if there is none)."""
     columns = mask.any(dim=0).nonzero()
     return int(columns[0]) if len(columns) else 0
-
-
-def micro_rows(size: int, micro_batch_size: int) -> list[list[int]]:
-    """Row indexes ``0 .. size - 1`` in consecutive chunks of ``micro_batch_size``."""
-    return [list(range(i, min(i + micro_batch_size, size))) for i in range(0, size, micro_batch_size)]
-
-
-def no_grad_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, micro_batch_size: int
-) -> torch.Tensor:
-    """``log pi(token t | tokens < t)`` ``[B, T]`` under ``model``, micro-batch by micro-batch,
-    without gradients (old-policy and reference passes)."""
-    out = torch.zeros_like(batch.rollout_logprobs)
-    model.eval()
-    with torch.no_grad():
-        for rows in micro_rows(len(batch), micro_batch_size):
-            micro = batch.select(rows)
-            lp = policy_forward(
-                model,
-                micro.input_ids,
-                micro.attention_mask,
-                temperature=temperature,
-                start=micro.first_policy_position(),
-            )
-            out[rows, : lp.logprobs.shape[1]] = lp.logprobs
-    return out

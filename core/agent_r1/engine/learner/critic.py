@@ -23,7 +23,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from agent_r1.engine.learner.batch import TrainBatch, micro_rows
+from agent_r1.engine.learner.batch import TrainBatch
+from agent_r1.engine.learner.packing import MicroBatching, packed_values
 from agent_r1.models.kv import output_cache, with_cache
 
 __all__ = ["ValueHead", "critic_values", "no_grad_values", "shared_prefix_values", "state_values"]
@@ -49,9 +50,14 @@ def state_values(value_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(after[:, :-1], (1, 0))  # shift right by one, 0 at t = 0
 
 
-def critic_values(value_head: nn.Module, backbone: nn.Module, micro: TrainBatch) -> torch.Tensor:
+def critic_values(
+    value_head: nn.Module, backbone: nn.Module, micro: TrainBatch, *, packed: bool = False
+) -> torch.Tensor:
     """``V(s_t)`` ``[B, T]`` of a micro-batch from ``backbone``'s last hidden state (the policy's, or
-    a separate critic model), read from the state before each token."""
+    a separate critic model), read from the state before each token; ``packed`` runs the rows end
+    to end in one row (:func:`~agent_r1.engine.learner.packing.packed_values`)."""
+    if packed:
+        return packed_values(value_head, backbone, micro)
     outputs = backbone(
         input_ids=micro.input_ids,
         attention_mask=micro.attention_mask.long(),
@@ -63,13 +69,16 @@ def critic_values(value_head: nn.Module, backbone: nn.Module, micro: TrainBatch)
 
 
 def no_grad_values(
-    value_head: nn.Module, backbone: nn.Module, batch: TrainBatch, micro_batch_size: int
+    value_head: nn.Module, backbone: nn.Module, batch: TrainBatch, batching: MicroBatching | int
 ) -> torch.Tensor:
-    """:func:`critic_values` over the whole batch, without gradients (the values GAE uses)."""
+    """:func:`critic_values` over the whole batch, without gradients (the values GAE uses), in the
+    micro-batches of ``batching`` (an int: that many rows each)."""
+    if isinstance(batching, int):
+        batching = MicroBatching(rows=batching)
     out = torch.zeros_like(batch.rollout_logprobs)
     with torch.no_grad():
-        for rows in micro_rows(len(batch), micro_batch_size):
-            values = critic_values(value_head, backbone, batch.select(rows))
+        for rows in batching.plan(batch.lengths):
+            values = critic_values(value_head, backbone, batch.select(rows), packed=batching.packed)
             out[rows, : values.shape[1]] = values.float()
     return out
 
