@@ -19,7 +19,7 @@ from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
 from agent_r1.engine.artifacts import checkpoint as ckpt
 from agent_r1.testing.plugins import write_plugin_distribution
 
-TIMING = ("time/", "perf/")
+TIMING = ("time/", "perf/", "memory/")  # measurements of the machine, not results
 SLOW_OBSERVER = """
 import os, time
 from agent_r1 import hookimpl

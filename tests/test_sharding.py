@@ -230,7 +230,7 @@ def test_a_checkpoint_continues_on_another_number_of_processes(
 # End to end: `agent-r1 train` under torchrun, real rollouts
 # --------------------------------------------------------------------------------------------
 
-TIMING = ("time/", "perf/")
+TIMING = ("time/", "perf/", "memory/")  # measurements of the machine, not results
 PACING = """
 import os, time
 from agent_r1 import hookimpl
