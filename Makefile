@@ -101,10 +101,12 @@ test-integrations: venv-integrations
 
 # Speed benchmarks (not tests): agent-r1 side by side with TRL, tool concurrency, scaling curves;
 # writes benchmarks/results/bench.{json,md} and bench_*.png (about 20 min on an idle 2-core CPU),
-# then padded against token-budget and packed updates (bench_packing.{json,md}, about 10 min).
+# then padded against token-budget and packed updates (bench_packing.{json,md}, about 10 min)
+# and sync against asynchronous rollouts (bench_async.{json,md}, about 10 min).
 bench: venv venv-integrations
 	$(BIN)/python benchmarks/bench.py --trl-python $(INTEG_BIN)/python
 	$(BIN)/python benchmarks/bench_packing.py
+	$(BIN)/python benchmarks/bench_async.py
 
 clean:
 	rm -rf $(VENV) $(INTEG_VENV) .cache site dist build

@@ -442,6 +442,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"{padded['padding_share']:.0%} -> {packed['padding_share']:.0%}; padded micro-batches of 4: "
             f"{four_text}; largest |packed - padded| log-probability: {exact}."
         )
+    if "async" in results and "speedup" in results["async"]:
+        sync_row, async_row = results["async"]["sync"], results["async"]["async"]
+        lines.append(
+            f"Asynchronous rollouts (max_staleness 1, multi-turn toy task with tool waits): "
+            f"{results['async']['speedup']:.2f}x the speed of sync ({async_row['step_s']:.2f} vs "
+            f"{sync_row['step_s']:.2f} s per step); trainer idle {async_row['trainer_idle_share']:.0%}."
+        )
     split = results["training"]["agent-r1 update"].get("split_s", {})
     if split:
         lines.append(
@@ -648,6 +655,68 @@ def packing_exactness(
     return out
 
 
+def async_section(
+    shape: dict[str, Any], tokenizer: Any, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
+    """Sync against ``rollout.mode: async`` (max_staleness 1): training steps on the multi-turn toy
+    task (3 turns, log-normal tool waits of median 0.3 s), the ``hf`` backend; wall time per step,
+    generated tokens per second over the whole loop, and idle shares."""
+    import math
+
+    import agent_r1.builtins
+    import agent_r1.testing.toy as toy
+    from agent_r1.config import RunConfig, validate_components
+    from agent_r1.engine import build_session, train_step
+    from agent_r1.registry import Registry, get_registry, reset_registry
+
+    registry = get_registry()
+    registry.load()
+    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
+        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
+    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    steps = 2 if args.smoke else 5
+    latency = 0.0 if args.smoke else 0.3
+    results: dict[str, Any] = {}
+    for mode, staleness in (("sync", 0), ("async", 1)):
+        run_dir = Path(args.out) / f"session-async-{mode}"
+        raw = run_config(args, run_dir, device)
+        raw["model"]["dtype"] = str(dtype).removeprefix("torch.")
+        raw["environment"] = {"name": "toy_multi_turn", "turns": 3, "latency_s": latency,
+                              "latency_sigma": math.log(10) / 2.326}  # fmt: skip
+        raw["rollout"].update(
+            max_turns=3, mode=mode, max_staleness=staleness, max_context=512, max_new_tokens=64
+        )
+        raw["trainer"].update(steps=steps, tasks_per_step=min(args.tasks, 8))
+        run = RunConfig.model_validate(raw)
+        session = build_session(
+            run, validate_components(run, registry), run_dir, registry=registry,
+            model=build_model(shape, device, dtype, args.seed), tokenizer=tokenizer,
+        )  # fmt: skip
+        sync(device)
+        started = time.perf_counter()
+        metrics = [train_step(session).metrics for _ in range(steps)]
+        sync(device)
+        wall = time.perf_counter() - started
+        session.close()
+        generated = sum(m.get("rollout/generated_tokens", 0.0) for m in metrics)
+        results[mode] = {
+            "wall_s": wall,
+            "step_s": wall / steps,
+            "generated_tokens_per_s": generated / wall,
+            "trainer_idle_share": sum(m.get("async/trainer_idle_share", 0.0) for m in metrics) / steps,
+            "rollout_idle_share": sum(m.get("async/rollout_idle_share", 0.0) for m in metrics) / steps,
+            "staleness_max": max(m.get("async/staleness_max", 0.0) for m in metrics),
+            "partial_share": sum(m.get("async/partial_share", 0.0) for m in metrics) / steps,
+        }
+        print(json.dumps({f"async section, {mode}": results[mode]}), flush=True)
+        del session
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    results["speedup"] = results["sync"]["wall_s"] / results["async"]["wall_s"]
+    reset_registry(Registry())
+    return results
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shape, fp32, CPU, few tokens")
@@ -657,7 +726,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new", type=int, default=512, help="generated (action) tokens per row")
     parser.add_argument("--micro", type=int, default=16, help="rows per training micro-batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per arm, alternating")
-    parser.add_argument("--sections", default="rollout,training,sharding,packing", help="comma-separated")
+    parser.add_argument(
+        "--sections", default="rollout,training,sharding,packing,async", help="comma-separated"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="the chip's peak, for MFU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", action="store_true", help="profile one more step of each training arm")
@@ -713,7 +784,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "training" in sections:
         results["training"] = training_section(model, tokenizer, args, device)
         print(json.dumps(results["training"], default=str), flush=True)
-    for name, section in (("packing", packing_section), ("sharding", sharding_section)):
+    for name, section in (
+        ("packing", packing_section),
+        ("sharding", sharding_section),
+        ("async", async_section),
+    ):
         if name in sections:
             try:
                 results[name] = section(shape, tokenizer, args, device, dtype)

@@ -65,6 +65,9 @@ def test_bench_gpu_smoke_runs_both_sections(tmp_path: Path) -> None:
     assert packing["padded, 4 rows"]["padding_share"] > packing["token budget"]["padding_share"] > 0
     assert packing["packed, sdpa_varlen"]["padding_share"] == 0.0
     assert packing["exactness"] and all(diff < 1e-4 for diff in packing["exactness"].values())
+    synchronous, asynchronous = results["async"]["sync"], results["async"]["async"]
+    assert synchronous["wall_s"] > 0 and asynchronous["wall_s"] > 0 and results["async"]["speedup"] > 0
+    assert synchronous["staleness_max"] == 0 and asynchronous["staleness_max"] <= 1
     report = (out / "results.md").read_text(encoding="utf-8")
     assert "| packing | packed, sdpa_varlen |" in report and "Packing (16 rows" in report
     assert "| training | agent-r1 update |" in report and "| rollout | model.generate |" in report

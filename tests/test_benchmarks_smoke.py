@@ -148,3 +148,22 @@ def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
     assert len(losses) == 1, losses  # the same update in every layout
     assert set(results["longest"]["fits"]) == {"padded", "packed"}
     assert "| packed |" in (tmp_path / "bench_packing.md").read_text(encoding="utf-8")
+
+
+def test_bench_async_smoke_runs_sync_and_async(tmp_path: Path) -> None:
+    """``benchmarks/bench_async.py --smoke``: sync and async runs (staleness 1 and 2) train the
+    tiny model on the multi-turn toy task in-process and the report compares them."""
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_async.py"), "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    runs = json.loads((tmp_path / "bench_async.json").read_text(encoding="utf-8"))["runs"]
+    assert sorted(r["mode"] for r in runs) == ["async-1", "async-2", "sync"]
+    assert all(r["wall_s"] > 0 and 0 <= r["held_out"] <= 1 for r in runs)
+    assert all(r["staleness_max"] <= int(r["mode"][-1]) for r in runs if r["mode"] != "sync")
+    assert "| async-2 |" in (tmp_path / "bench_async.md").read_text(encoding="utf-8")

@@ -285,6 +285,15 @@ def test_view_shows_steps_tools_rewards_and_token_counts(tmp_path: Path) -> None
     ):
         assert text in out, text
     assert "t-2" not in out
+    assert "turn versions" not in out  # sync rollouts: one version, shown once
+
+
+def test_view_shows_the_weights_version_of_each_turn(tmp_path: Path) -> None:
+    path = tmp_path / "trajectories.jsonl"
+    save_trajectories(path, [_trajectory().model_copy(update={"turn_versions": {0: 3, 1: 4}})])
+    result = CliRunner().invoke(app, ["view", str(path)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    assert "turn 0: 3, turn 1: 4" in result.output
 
 
 def test_view_names_a_corrupt_line_and_a_missing_file(tmp_path: Path) -> None:

@@ -232,6 +232,32 @@ def test_varlen_attention_is_used_only_where_it_is_exact(tiny_tokenizer: Any) ->
     assert not use_varlen_attention(windowed)  # a band it would not apply
 
 
+def test_packing_with_gradient_checkpointing_gives_the_padded_gradient(tiny_tokenizer: Any) -> None:
+    """The recomputation of a checkpointed layer runs the packed attention again (sdpa_varlen
+    reads the same boundaries), so the gradient is the padded path's."""
+    from agent_r1.engine.learner.packing import prepare_packing
+
+    model = tiny_model(tiny_tokenizer, seed=3)
+    assert prepare_packing(model) == "sdpa_varlen"
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    batch = collate(fixed_trajectories(tiny_tokenizer), tiny_tokenizer.pad_token_id)
+
+    def gradient(packed: bool) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        if packed:
+            out = packed_forward(model, batch)
+        else:
+            start = batch.first_policy_position()
+            out = policy_forward(model, batch.input_ids, batch.attention_mask, start=start, share_prefix=0)
+        out.logprobs[batch.loss_mask].sum().backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    padded, packed = gradient(False), gradient(True)
+    assert padded.abs().max() > 1.0
+    assert (padded - packed).abs().max() <= 1e-5 * padded.abs().max()
+
+
 def test_no_grad_logprobs_agree_across_layouts(tiny_tokenizer: Any) -> None:
     model = tiny_model(tiny_tokenizer, seed=4)
     batch = collate(

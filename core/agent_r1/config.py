@@ -194,8 +194,27 @@ class RolloutConfig(_Section):
         default_factory=GatewayConfig, description="the policy gateway (rollout.source: gateway)"
     )
 
+    mode: Literal["sync", "async"] = Field(
+        "sync",
+        description="'async': a background rollout thread on its own copy of the policy samples the "
+        "next steps' episodes while the trainer updates, within rollout.max_staleness updates of "
+        "the newest weights (docs/rollout.md, 'Asynchronous rollouts'); 'sync': rollout, then update",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="async: a trajectory trained at update n started with weights of update n - "
+        "max_staleness or newer (0 reproduces sync mode exactly)",
+    )
+
     @model_validator(mode="after")
     def _check_source(self) -> RolloutConfig:
+        if self.mode == "async" and (self.source != "engine" or self.backend.name != "hf"):
+            raise ValueError(
+                f"rollout.mode async runs agent-r1's own agent loop on the 'hf' backend; got "
+                f"rollout.source={self.source!r} and rollout.backend {self.backend.name!r}: use "
+                "rollout.mode sync for these"
+            )
         if self.source == "gateway":
             if self.agent.command is None and self.agent.callable is None:
                 raise ValueError(

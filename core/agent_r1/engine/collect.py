@@ -26,6 +26,7 @@ import torch
 from agent_r1.engine.dist import all_gather
 from agent_r1.engine.learner.loss_utils import scores_all_equal
 from agent_r1.engine.session import Session
+from agent_r1.engine.source import RolloutSource
 from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import RewardSignal, Task, Trajectory
 from agent_r1.rollout.generation import RolloutRequest
@@ -48,17 +49,22 @@ def rollout(
     salt: str,
     progress: str | None = None,
     spread: bool = False,
+    source: RolloutSource | None = None,
+    version: int | None = None,
 ) -> list[Trajectory]:
     """Roll out ``tasks`` (each ``group_size`` times) with the current policy, then score them.
     ``progress`` labels a progress bar of finished episodes (main process only). With ``spread``
     the tasks are shared out across processes and every process gets all trajectories back
-    (evaluation)."""
+    (evaluation). ``source`` and ``version``: another source than the session's and the version of
+    its weights (asynchronous rollouts' copy of the policy)."""
     from agent_r1.engine.reports.progress import EpisodeProgress
 
-    assert session.source is not None
+    source = source if source is not None else session.source
+    assert source is not None
     if spread:
         tasks = tasks[session.rank :: session.world]
-    session.unwrapped.eval()
+    if source is session.source:
+        session.unwrapped.eval()
     enabled = progress is not None and session.is_main
     with (
         EpisodeProgress(progress or "", enabled=enabled) as bar,
@@ -71,11 +77,11 @@ def rollout(
             seed=seed,
             temperature=temperature,
             salt=salt,
-            policy_version=session.step,
+            policy_version=session.step if version is None else version,
             decoding=session.decoding,  # None: the source uses the run's rollout.decoding
             on_progress=bar.update,
         )
-        trajectories = session.source.rollout(request)
+        trajectories = source.rollout(request)
     started = time.perf_counter()
     score(session, trajectories, {t.id: t for t in tasks})
     elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
@@ -121,26 +127,36 @@ def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str,
             trajectory.rewards.extend(signals)
 
 
-def collect(session: Session, step: int) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+def collect(
+    session: Session, step: int, *, source: RolloutSource | None = None, version: int | None = None
+) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """This process's scored trajectories for training step ``step``, the episodes set aside because
-    their environment or a reward shaper failed, and rollout metrics."""
+    their environment or a reward shaper failed, and rollout metrics. ``source``/``version``: see
+    :func:`rollout` (asynchronous rollouts collect on their own copy of the policy)."""
     started = time.perf_counter()
-    assert session.source is not None
-    session.source.step_metrics()  # drop the figures of evaluation rollouts since the last step
+    source = source if source is not None else session.source
+    assert source is not None
+    source.step_metrics()  # drop the figures of evaluation rollouts since the last step
     with session.rollout_weights():  # sharded: gathered once for every rollout of the step
-        return _collect(session, step, started)
+        return _collect(session, step, started, source, version)
 
 
 def _collect(
-    session: Session, step: int, started: float
+    session: Session, step: int, started: float, source: RolloutSource, version: int | None
 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     config = session.config
     group_size, temperature = config.rollout.group_size, config.rollout.temperature
-    assert session.source is not None
     tasks = _my_tasks(session)
     seen = {t.id: t for t in tasks}
+    options = {"source": source, "version": version}
     trajectories = rollout(
-        session, tasks, group_size, seed=step_seed(session, step), temperature=temperature, salt=f"s{step}"
+        session,
+        tasks,
+        group_size,
+        seed=step_seed(session, step),
+        temperature=temperature,
+        salt=f"s{step}",
+        **options,  # type: ignore[arg-type]
     )
     metrics: dict[str, float] = {
         "time/env_s": _env_seconds(trajectories),
@@ -165,6 +181,7 @@ def _collect(
                 seed=step_seed(session, step, rounds),
                 temperature=temperature,
                 salt=f"s{step}r{rounds}",
+                **options,  # type: ignore[arg-type]
             )
             metrics["time/env_s"] += _env_seconds(extra)
             metrics["time/rewards_s"] += sum(t.metrics.get("reward_s", 0.0) for t in extra)
@@ -184,13 +201,14 @@ def _collect(
             seed=step_seed(session, step, 77),
             temperature=0.0,
             salt=f"s{step}g",
+            **options,  # type: ignore[arg-type]
         )
         baseline = {t.task_id: t.score for t in greedy}
         for trajectory in trajectories:
             trajectory.metrics["baseline_score"] = baseline[trajectory.task_id]
         metrics["reward/baseline_score_mean"] = sum(baseline.values()) / max(len(baseline), 1)
 
-    metrics.update(session.source.step_metrics())  # e.g. gateway/...: this step's rollouts only
+    metrics.update(source.step_metrics())  # e.g. gateway/...: this step's rollouts only
     metrics["time/rollout_s"] = time.perf_counter() - started
     return trajectories, failed, metrics
 

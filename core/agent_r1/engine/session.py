@@ -124,6 +124,9 @@ class Session:
     """Updates skipped for a non-finite loss or gradient since the last good update."""
     decoding: DecodingConfig | None = None
     """How rollouts pick each turn's action; ``None``: ``rollout.decoding`` (see :meth:`decoding_as`)."""
+    async_rollouts: Any = None
+    """The producer of ``rollout.mode: async`` (:class:`~agent_r1.engine.asynchrony.AsyncRollouts`),
+    started at the first training step."""
     gateway: Any = None
     """The policy gateway of ``rollout.source: gateway`` (started on the first rollout; see
     :mod:`agent_r1.gateway.training`), stopped by :meth:`close`."""
@@ -221,6 +224,8 @@ class Session:
     def close(self) -> None:
         """Release what the session started outside this thread (its rollout source's servers and
         workers, e.g. the policy gateway). Idempotent; the run layer calls it when a command ends."""
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         if self.source is not None:
             self.source.close()
 
@@ -249,7 +254,9 @@ class Session:
             "optimizer": optimizer,
             "scheduler": self.scheduler.state_dict(),
             "kl_coef": self.kl_ctl.value,
-            "data": self.stream.state(),
+            "data": self.async_rollouts.stream_state(self.step)
+            if self.async_rollouts
+            else self.stream.state(),
             "rng": ckpt.capture_rng(),
             "bad_steps": self.bad_updates,
         }

@@ -19,7 +19,7 @@ and hands it to :func:`~agent_r1.engine.session.build_session`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from agent_r1.mdp import Trajectory
 from agent_r1.rollout.generation import RolloutRequest, run_sampling
@@ -58,13 +58,14 @@ class EngineSource:
 
     name = "engine"
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, backend: Any = None) -> None:
+        """``backend``: another backend than the session's (asynchronous rollouts' own copy)."""
         from agent_r1.rollout.loop import RolloutEngine
 
         rollout = session.config.rollout
         self.session = session
         self.engine: RolloutEngine = RolloutEngine(
-            session.backend,
+            backend if backend is not None else session.backend,
             session.tokenizer,
             session.env_factory,
             max_turns=rollout.max_turns,

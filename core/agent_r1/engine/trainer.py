@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from agent_r1.engine.asynchrony import AsyncRollouts
 from agent_r1.engine.collect import all_gather, collect
 from agent_r1.engine.reports.health import step_figures, trajectory_counts
 from agent_r1.engine.session import Session
@@ -37,12 +38,20 @@ def train_step(session: Session) -> StepResult:
     """Run one full training step (rollout, rewards, update) and return what it produced."""
     started = time.perf_counter()
     step = session.step
-    trajectories, failed, metrics = collect(session, step)
+    producer = _async_rollouts(session)
+    trajectories, failed, metrics = producer.take(step) if producer else collect(session, step)
     _check_failures(session, trajectories, failed, metrics)
     metrics.update(_health_figures(session, trajectories))
     metrics.update(update(session, trajectories))
-    metrics.update(session.backend.step_metrics())  # weight sync, sleep/wake figures
+    if producer is not None:  # the rollouts' copy gets the new weights at its next turn
+        producer.pushed(session.unwrapped, session.step)
+    for name, value in session.backend.step_metrics().items():  # weight sync, sleep/wake figures
+        metrics[name] = metrics.get(name, 0.0) + value  # async: added to the rollout copy's
     metrics["time/step_s"] = time.perf_counter() - started
+    if producer is not None:
+        metrics["async/trainer_idle_share"] = metrics["async/trainer_wait_s"] / max(
+            metrics["time/step_s"], 1e-9
+        )
     accounted = (
         "time/rollout_s",  # generation, tools and rewards
         "time/no_grad_passes_s",
@@ -53,6 +62,15 @@ def train_step(session: Session) -> StepResult:
     metrics["time/other_s"] = max(metrics["time/step_s"] - sum(metrics.get(k, 0.0) for k in accounted), 0.0)
     metrics["perf/tokens_per_s"] = metrics.pop("_tokens") / max(metrics["time/step_s"], 1e-9)
     return StepResult(metrics, trajectories, failed)
+
+
+def _async_rollouts(session: Session) -> AsyncRollouts | None:
+    """The session's producer of ``rollout.mode: async`` (started at its first step), or None."""
+    if session.config.rollout.mode != "async":
+        return None
+    if session.async_rollouts is None:
+        session.async_rollouts = AsyncRollouts(session)
+    return session.async_rollouts  # type: ignore[no-any-return]
 
 
 def _check_failures(

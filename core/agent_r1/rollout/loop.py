@@ -44,6 +44,7 @@ run (``"raise"``); :class:`~agent_r1.errors.EnvironmentFatalError` always aborts
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -160,6 +161,11 @@ class RolloutEngine:
         self.on_progress = on_progress
         """Called after every turn with ``(finished episodes, all episodes)`` (progress bars)."""
         self.decoder = decoder
+        self.weights: Any = None
+        """Optional guard of the backend's weights (asynchronous rollouts): its ``generating()``
+        context manager holds them still for one backend call and yields their version, recorded
+        in :attr:`~agent_r1.mdp.Trajectory.turn_versions`; ``generating(swap=False)`` inside a
+        turn that continues an earlier call keeps the weights that call used."""
         self._decoding_totals: defaultdict[str, float] = defaultdict(float)
         self._backend_takes_budgets = takes_budgets(backend)
         if not self._backend_takes_budgets:
@@ -299,14 +305,22 @@ class RolloutEngine:
         )
         prompts = [episode.trajectory.token_ids for episode in active]
         started = time.perf_counter()
+        guard = (
+            self.weights.generating(swap=not any(e.inline for e in active))
+            if self.weights is not None
+            else contextlib.nullcontext(None)
+        )
         # Called in the event loop's thread on purpose: torch's per-thread state (grad mode, the
         # current CUDA device) stays the caller's, and no environment step is pending meanwhile.
-        if self.decoder is None:
-            generations = self._call_backend(prompts, sampling, budgets)
-        else:
-            generations = self._decode(active, prompts, sampling, budgets)
+        with guard as version:
+            if self.decoder is None:
+                generations = self._call_backend(prompts, sampling, budgets)
+            else:
+                generations = self._decode(active, prompts, sampling, budgets)
         elapsed = time.perf_counter() - started
         for episode, generation, budget in zip(active, generations, budgets, strict=True):
+            if version is not None:
+                episode.trajectory.turn_versions.setdefault(turn, version)
             episode.action = self._action_of(generation, budget)
             ids = list(episode.action.token_ids)
             logprobs = list(episode.action.logprobs) if episode.action.logprobs is not None else None

@@ -58,6 +58,42 @@ class ToyEnv(Environment):
         return Observation(done=True, termination="answer", answer=action.text)
 
 
+class ToyMultiTurnEnv(Environment):
+    """``turns`` actions per episode: every action but the last is answered with a short user
+    message after a tool-like wait (log-normal, median ``latency_s``, spread ``latency_sigma``,
+    drawn from the task id, the turn and the episode, so that a run is reproducible), the last
+    action is the answer. For tests and benchmarks of multi-turn rollouts (asynchronous rollouts,
+    tool latency)."""
+
+    name = "toy_multi_turn"
+
+    class Config(ComponentConfig):
+        turns: int = Field(3, ge=1)
+        latency_s: float = Field(0.0, ge=0.0)
+        latency_sigma: float = Field(0.0, ge=0.0)
+
+    _episodes = 0
+
+    async def reset(self, task: Task) -> EpisodeStart:
+        type(self)._episodes += 1
+        self._episode = type(self)._episodes
+        self._task = task.id
+        return EpisodeStart(messages=list(task.messages))
+
+    async def step(self, action: Action, turn: int) -> Observation:
+        import asyncio
+        import math
+        import random
+
+        if turn + 1 >= self.config.turns:
+            return Observation(done=True, termination="answer", answer=action.text)
+        if self.config.latency_s > 0:
+            rng = random.Random(f"{self._task}/{self._episode}/{turn}")
+            wait = self.config.latency_s * math.exp(self.config.latency_sigma * rng.gauss(0.0, 1.0))
+            await asyncio.sleep(wait)
+        return Observation(messages=[{"role": "user", "content": f"Go on ({turn + 1})."}])
+
+
 class TargetCharReward(RewardShaper):
     """Outcome reward: the share of characters of the final answer that belong to the task's
     answer (a set of characters)."""
@@ -80,7 +116,7 @@ def register_datasets() -> list[Any]:
 
 @hookimpl
 def register_environments() -> list[Any]:
-    return [ToyEnv]
+    return [ToyEnv, ToyMultiTurnEnv]
 
 
 @hookimpl

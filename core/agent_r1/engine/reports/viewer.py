@@ -57,6 +57,9 @@ def _summary(trajectory: Trajectory) -> Table:
         termination += " (truncated)"
     table.add_row("termination", termination)
     table.add_row("policy version", str(trajectory.policy_version))
+    if trajectory.turn_versions:  # asynchronous rollouts: the weights of each action turn
+        versions = ", ".join(f"turn {t}: {v}" for t, v in sorted(trajectory.turn_versions.items()))
+        table.add_row("turn versions", versions)
     table.add_row("score", f"{trajectory.score:.4g}")
     counts = token_counts(trajectory)
     table.add_row(

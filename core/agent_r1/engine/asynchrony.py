@@ -1,0 +1,278 @@
+"""Asynchronous rollouts in one process (``rollout.mode: async``): the next steps' episodes are
+sampled while the trainer updates, never more than ``rollout.max_staleness`` updates behind.
+
+Read top to bottom:
+
+1. :class:`StalenessGate`, the capacity rule: the batch that update ``k`` will train may start
+   only once update ``k - max_staleness`` has finished (its weights pushed). Since updates take
+   batches in order, every trajectory trained at update ``n`` started on weights of update
+   ``n - max_staleness`` or newer; nothing is produced that will not be trained, so nothing
+   finished is dropped. ``max_staleness: 0`` is sync mode: batch ``k`` starts after update ``k - 1``.
+2. :class:`RolloutWeights`, the rollout copy of the policy: the trainer pushes its weights after
+   every update (copied into a staging buffer, so the trainer does not wait for generation); the
+   rollout applies them at the start of its next backend call that does not continue a turn, and
+   every action turn records the version that generated it (``Trajectory.turn_versions``). An
+   episode whose weights changed between turns is a *partial rollout*: its later turns come from
+   the newer weights (the ``hf`` backend's KV caches are keyed on the weights, so it re-prefills).
+3. :class:`AsyncRollouts`, the producer: a daemon thread that collects batch after batch
+   (:func:`~agent_r1.engine.collect.collect`, with the run's seeds and task order) on its own
+   backend over the rollout copy, and hands each to the trainer through a queue, with the
+   figures of the ``async/`` metrics.
+
+The trainer corrects for the lag with the existing rollout correction: its importance weights
+compare the rollout's log-probabilities (the behaviour policy) with those of the weights at the
+start of the update (the proximal policy), which is the decoupled PPO objective of AReaL
+(docs/algorithms.md, "Asynchronous rollouts").
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from agent_r1.mdp import Trajectory
+
+__all__ = ["AsyncRollouts", "RolloutWeights", "StalenessGate", "staleness_metrics"]
+
+
+class StalenessGate:
+    """The capacity rule of asynchronous rollouts (see the module docstring)."""
+
+    def __init__(self, max_staleness: int, version: int = 0) -> None:
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.max_staleness = max_staleness
+        self.version = version
+        """Updates finished (and pushed) so far."""
+        self._condition = threading.Condition()
+        self._closed = False
+
+    def admit(self, batch: int) -> float:
+        """Block until the batch for update ``batch`` may start; returns the seconds waited.
+        Raises :class:`RuntimeError` when the gate was closed meanwhile."""
+        started = time.perf_counter()
+        with self._condition:
+            while batch - self.version > self.max_staleness and not self._closed:
+                self._condition.wait()
+            if self._closed:
+                raise RuntimeError("the rollout gate was closed")
+        return time.perf_counter() - started
+
+    def advance(self, version: int) -> None:
+        """Update ``version`` has finished and its weights are pushed."""
+        with self._condition:
+            self.version = max(self.version, version)
+            self._condition.notify_all()
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+
+
+class RolloutWeights:
+    """The rollout copy of the policy, its version, and the trainer's pushes (see the module
+    docstring). ``generating()`` is the :attr:`~agent_r1.rollout.loop.RolloutEngine.weights` guard."""
+
+    def __init__(self, model: torch.nn.Module, version: int) -> None:
+        self.model = model
+        self.version = version
+        self._staged: dict[str, torch.Tensor] | None = None
+        self._staged_version: int | None = None
+        self._lock = threading.Lock()
+        self.push_s = 0.0
+        self.pushes = 0
+        self.applied = 0
+
+    def push(self, source: torch.nn.Module, version: int) -> None:
+        """Stage ``source``'s weights as ``version`` (the trainer's thread; returns at once after
+        the copy). A push not yet applied is replaced."""
+        started = time.perf_counter()
+        with self._lock, torch.no_grad():
+            state = source.state_dict()
+            if self._staged is None:
+                self._staged = {name: tensor.detach().clone() for name, tensor in state.items()}
+            else:
+                for name, tensor in state.items():
+                    self._staged[name].copy_(tensor)
+            self._staged_version = version
+        self.push_s += time.perf_counter() - started
+        self.pushes += 1
+
+    @contextmanager
+    def generating(self, swap: bool = True) -> Iterator[int]:
+        """Hold the weights for one backend call; with ``swap``, apply a staged push first.
+        Yields the version the call runs with."""
+        with self._lock:
+            if swap and self._staged_version is not None:
+                assert self._staged is not None
+                with torch.no_grad():
+                    self.model.load_state_dict(self._staged)
+                self.version, self._staged_version = self._staged_version, None
+                self.applied += 1
+            yield self.version
+
+
+def staleness_metrics(trajectories: list[Trajectory], update: int, max_staleness: int) -> dict[str, float]:
+    """``async/`` figures of the trajectories trained at ``update``: staleness (``update`` minus
+    the version of each trajectory's first action turn) as max, mean and a histogram up to
+    ``max_staleness``, and the share of partial rollouts (turns from more than one version)."""
+    lags = []
+    partial = 0
+    for trajectory in trajectories:
+        versions = trajectory.versions()
+        if not versions:
+            continue
+        lags.append(update - versions[0])
+        partial += len(set(versions)) > 1
+    out = {
+        "async/staleness_max": float(max(lags, default=0)),
+        "async/staleness_mean": sum(lags) / max(len(lags), 1),
+        "async/partial_share": partial / max(len(lags), 1),
+    }
+    for lag in range(max_staleness + 1):
+        out[f"async/staleness_{lag}"] = float(sum(1 for x in lags if x == lag))
+    return out
+
+
+Batch = tuple[list[Trajectory], list[Trajectory], dict[str, float]]
+
+
+class AsyncRollouts:
+    """The producer thread of ``rollout.mode: async`` for one session (see the module docstring).
+
+    ``produce(batch, source, version_of)`` collects the batch for update ``batch``; the default is
+    :func:`~agent_r1.engine.collect.collect` on the rollout copy. :meth:`take` hands the trainer the
+    batch of the update it is about to run; :meth:`pushed` records that an update finished."""
+
+    def __init__(
+        self,
+        session: Any,
+        *,
+        produce: Callable[[int], Batch] | None = None,
+        steps: int | None = None,
+    ) -> None:
+        config = session.config
+        self.session = session
+        self.max_staleness = config.rollout.max_staleness
+        self.steps = config.trainer.steps if steps is None else steps
+        self.gate = StalenessGate(self.max_staleness, version=session.step)
+        self.weights: RolloutWeights | None = None
+        self.source: Any = None
+        if produce is None:
+            self._build_rollout_copy()
+            produce = self._collect
+        self._produce = produce
+        self._queue: queue.Queue[tuple[int, Batch | BaseException, float]] = queue.Queue()
+        self._positions: dict[int, Any] = {}
+        """The task stream's state before each batch's tasks were drawn (checkpoints)."""
+        self._idle_s = 0.0
+        self._busy_s = 0.0
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="agent-r1-rollouts", daemon=True)
+        self._thread.start()
+
+    # -- the rollout side ---------------------------------------------------------------------
+    def _build_rollout_copy(self) -> None:
+        from agent_r1.engine.source import EngineSource
+
+        session = self.session
+        model = copy.deepcopy(session.unwrapped).eval().requires_grad_(False)
+        self.weights = RolloutWeights(model, session.step)
+        backend = type(session.backend)(session.backend.config, model=model, tokenizer=session.tokenizer)
+        self.source = EngineSource(session, backend=backend)
+        self.source.engine.weights = self.weights
+
+    def _collect(self, batch: int) -> Batch:
+        from agent_r1.engine.collect import collect
+
+        assert self.weights is not None
+        trajectories, failed, metrics = collect(
+            self.session, batch, source=self.source, version=self.weights.version
+        )
+        metrics.update(self.source.engine.backend.step_metrics())  # this batch's prefill figures
+        return trajectories, failed, metrics
+
+    def _run(self) -> None:
+        batch = self.session.step
+        self._positions[batch] = self._stream_state()
+        while batch < self.steps:
+            try:
+                self._idle_s += self.gate.admit(batch)
+            except RuntimeError:  # closed
+                return
+            started = time.perf_counter()
+            try:
+                result: Batch | BaseException = self._produce(batch)
+            except BaseException as exc:  # handed to the trainer, which raises it
+                result = exc
+            self._busy_s += time.perf_counter() - started
+            self._positions[batch + 1] = self._stream_state()  # before the trainer can see batch
+            self._queue.put((batch, result, time.perf_counter()))
+            if isinstance(result, BaseException):
+                return
+            batch += 1
+
+    # -- the trainer side ---------------------------------------------------------------------
+    def take(self, update: int) -> Batch:
+        """The batch for ``update`` (blocks until it is there), with the ``async/`` metrics."""
+        started = time.perf_counter()
+        while True:
+            try:
+                batch, result, finished = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise RuntimeError(
+                        f"the rollout thread stopped without a batch for update {update}"
+                    ) from None
+        waited = time.perf_counter() - started
+        if isinstance(result, BaseException):
+            raise result
+        if batch != update:
+            raise RuntimeError(f"asynchronous rollouts: expected the batch of update {update}, got {batch}")
+        trajectories, failed, metrics = result
+        wall = max(time.perf_counter() - self._started, 1e-9)
+        metrics = {
+            **metrics,
+            **staleness_metrics(trajectories, update, self.max_staleness),
+            "async/trainer_wait_s": waited,
+            "async/queue_length": float(self._queue.qsize()),
+            "async/rollout_idle_share": self._idle_s / wall,
+            "async/batch_age_s": time.perf_counter() - finished,
+        }
+        if self.weights is not None:
+            metrics["async/weight_push_s"] = self.weights.push_s
+            self.weights.push_s = 0.0
+        self._idle_s, self._started = 0.0, time.perf_counter()
+        return trajectories, failed, metrics
+
+    def stream_state(self, update: int) -> Any:
+        """The task stream's state before the tasks of ``update`` were drawn: what a checkpoint
+        after ``update - 1`` updates records, so that a resumed run draws the same tasks for the
+        batches this producer had started (and loses with the process)."""
+        if update in self._positions:
+            return self._positions[update]
+        return self._stream_state()  # not started: nothing drawn beyond it
+
+    def _stream_state(self) -> Any:
+        return self.session.stream.state() if self.session.stream is not None else None
+
+    def pushed(self, model: torch.nn.Module | None, version: int) -> None:
+        """Update ``version`` finished: stage its weights for the rollouts, open the gate."""
+        if model is not None and self.weights is not None:
+            self.weights.push(model, version)
+        self.gate.advance(version)
+
+    def close(self) -> None:
+        """Stop producing (a batch in progress finishes in the background thread, which is a
+        daemon: it does not keep the process alive)."""
+        self.gate.close()
+        self._thread.join(timeout=0.1)
