@@ -65,6 +65,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         with ExitStack() as stack:
+            stack.callback(_close_process_group)  # last: after every collective of the run
             stack.callback(session.close)  # the policy gateway of rollout.source: gateway, if started
             if session.is_main:
                 stack.enter_context(run_log(run_dir / "run.log"))
@@ -264,3 +265,13 @@ def _checkpoint(session: Session, plain: dict[str, Any]) -> None:
         keep=session.config.trainer.keep_checkpoints,
     )
     session.registry.notify("on_checkpoint", step=session.step, path=path)
+
+
+def _close_process_group() -> None:
+    """Destroy the process group of a multi-process (or sharded) run before the interpreter exits:
+    a gloo or NCCL group left to the interpreter's teardown can abort the process
+    ("terminate called without an active exception") after the run has finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
