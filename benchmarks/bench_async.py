@@ -37,6 +37,7 @@ MODES = {
     "sync": {"mode": "sync"},
     "async-1": {"mode": "async", "max_staleness": 1},
     "async-2": {"mode": "async", "max_staleness": 2},
+    "async-1-process": {"mode": "async", "max_staleness": 1, "async_worker": "process"},
 }
 
 
@@ -166,7 +167,11 @@ def main() -> None:
         "--task", choices=["multi", "single"], default="multi", help="multi-turn with tool waits"
     )
     parser.add_argument("--model", default="small", help="small (random Llama) or smollm2")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: sync, async-1, async-2")
+    parser.add_argument(
+        "--modes",
+        default="sync,async-1,async-2",
+        help="comma-separated: sync, async-1, async-2, async-1-process",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, no waiting, in-process")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()

@@ -256,3 +256,62 @@ def test_async_mode_needs_the_engine_and_the_hf_backend(model_dir: Path, tmp_pat
         ValueError, match=r"rollout\.mode async runs agent-r1's own agent loop on the 'hf' backend"
     ):
         RunConfig.model_validate(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# A rollout worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_worker_process_at_staleness_zero_samples_what_sync_mode_samples(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """``async_worker: process``: a spawned process with its own session (the same config,
+    plugins, seeds and task order) and the trainer's weights through shared memory; at
+    ``max_staleness: 0`` its trajectories are sync mode's, token for token."""
+    runs = {}
+    for mode in ("sync", "async"):
+        config = _multi_turn(model_dir, tmp_path / mode, mode=mode, max_staleness=0, async_worker="process")
+        session = _session(config, registry)
+        try:
+            runs[mode] = [train_step(session) for _ in range(3)]
+        finally:
+            session.close()
+    for sync, worker in zip(runs["sync"], runs["async"], strict=True):
+        assert [t.token_ids for t in sync.trajectories] == [t.token_ids for t in worker.trajectories]
+        assert _content(sync.metrics) == pytest.approx(_content(worker.metrics), rel=1e-5, abs=1e-6)
+    assert all(r.metrics["async/staleness_max"] == 0 for r in runs["async"])
+
+
+def test_a_worker_process_keeps_the_bound_and_the_checkpoint_position(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    session = _session(_multi_turn(model_dir, tmp_path / "a", mode="async", async_worker="process"), registry)
+    sync = _session(_multi_turn(model_dir, tmp_path / "s"), registry)
+    try:
+        for _ in range(3):
+            result = train_step(session)
+            train_step(sync)
+            assert result.metrics["async/staleness_max"] <= 1
+            assert all(t.turn_versions for t in result.trajectories)
+        assert session.state_dict()["data"] == sync.state_dict()["data"]
+    finally:
+        session.close()
+        sync.close()
+
+
+def test_async_mode_is_refused_where_it_does_not_run_yet(
+    registry: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent_r1.run.preflight import preflight
+
+    sharded = _multi_turn(model_dir, tmp_path / "x", mode="async")
+    sharded["trainer"]["sharding"] = "fsdp2"
+    with pytest.raises(ValueError, match="unsharded training process"):
+        RunConfig.model_validate(sharded)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = RunConfig.model_validate(_multi_turn(model_dir, tmp_path / "y", mode="async"))
+    checks = preflight(config, validate_components(config, registry)).checks
+    assert any(
+        c.name == "distributed" and c.status == "fail" and "2 were launched" in c.message for c in checks
+    )

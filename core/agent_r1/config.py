@@ -207,6 +207,12 @@ class RolloutConfig(_Section):
         "max_staleness or newer (0 reproduces sync mode exactly)",
     )
 
+    async_worker: Literal["thread", "process"] = Field(
+        "thread",
+        description="async: where the rollouts run: a thread of the training process on a copy of "
+        "the policy, or a worker process of their own (weights through shared memory)",
+    )
+
     @model_validator(mode="after")
     def _check_source(self) -> RolloutConfig:
         if self.mode == "async" and (self.source != "engine" or self.backend.name != "hf"):
@@ -643,6 +649,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
+        if self.rollout.mode == "async" and self.trainer.sharding != "none":
+            raise ValueError(
+                "rollout.mode async runs beside one unsharded training process in this version: set "
+                "trainer.sharding: none, or rollout.mode: sync"
+            )
         if self.trainer.micro_batch_size > self.trainer.tasks_per_step * self.rollout.group_size:
             self.trainer.micro_batch_size = self.trainer.tasks_per_step * self.rollout.group_size
         return self

@@ -39,7 +39,14 @@ import torch
 
 from agent_r1.mdp import Trajectory
 
-__all__ = ["AsyncRollouts", "RolloutWeights", "StalenessGate", "staleness_metrics"]
+__all__ = [
+    "AsyncRollouts",
+    "ProcessRollouts",
+    "RolloutWeights",
+    "SharedWeights",
+    "StalenessGate",
+    "staleness_metrics",
+]
 
 
 class StalenessGate:
@@ -276,3 +283,199 @@ class AsyncRollouts:
         daemon: it does not keep the process alive)."""
         self.gate.close()
         self._thread.join(timeout=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# A rollout worker process (rollout.async_worker: process)
+# --------------------------------------------------------------------------------------------
+
+
+class SharedWeights:
+    """The trainer's weights in shared memory for a rollout worker process: the trainer copies
+    into them after each update (:meth:`push`), the worker loads them at the start of its next
+    backend call that does not continue a turn (:meth:`generating`, the engine's weights guard).
+    ``version`` is the pushed update count; ``-1`` until the first push."""
+
+    def __init__(self, model: torch.nn.Module, context: Any) -> None:
+        self.tensors = {
+            name: tensor.detach().to("cpu", copy=True).share_memory_()
+            for name, tensor in model.state_dict().items()
+        }
+        self.shared_version = context.Value("q", -1)
+        self.lock = context.Lock()
+        self.model: torch.nn.Module | None = None  # the worker's copy, set in the worker
+        self.version = -1  # the version the worker's copy holds
+        self.push_s = 0.0
+
+    def push(self, model: torch.nn.Module, version: int) -> None:
+        started = time.perf_counter()
+        with self.lock, torch.no_grad():
+            for name, tensor in model.state_dict().items():
+                self.tensors[name].copy_(tensor)
+            self.shared_version.value = version
+        self.push_s += time.perf_counter() - started
+
+    def pushed_version(self) -> int:
+        return int(self.shared_version.value)
+
+    @contextmanager
+    def generating(self, swap: bool = True) -> Iterator[int]:
+        assert self.model is not None
+        if swap and self.pushed_version() > self.version:
+            with self.lock, torch.no_grad():
+                device = next(self.model.parameters()).device
+                self.model.load_state_dict({k: v.to(device) for k, v in self.tensors.items()})
+                self.version = int(self.shared_version.value)
+        yield self.version
+
+    def __getstate__(self) -> dict[str, Any]:  # what the worker process receives
+        state = dict(self.__dict__)
+        state["model"] = None
+        return state
+
+
+def _worker_registry(plugins: list[tuple[str, str, str, str]], entry_points: bool, loaded: bool) -> Any:
+    """The parent's plugins in this process: its entry points, then its in-process plugins
+    re-imported by module name."""
+    import importlib
+
+    from agent_r1.registry import Registry, reset_registry
+
+    registry = Registry(entry_points=entry_points)
+    if loaded:
+        registry.load()
+    known = {p.name for p in registry.plugins()}
+    for name, module, distribution, version in plugins:
+        if name not in known:
+            plugin = importlib.import_module(module.split(":")[0])
+            registry.register_plugin(plugin, name, distribution=distribution, version=version)
+    return reset_registry(registry)
+
+
+def _worker_main(job: dict[str, Any], weights: SharedWeights, results: Any) -> None:
+    """The rollout worker process: a rollout-only session on the run's config, batches from
+    ``job["start"]`` to ``job["steps"]``, each admitted by the pushed version (the capacity rule)
+    and put on ``results`` with the task stream's state after it."""
+    from agent_r1.config import RunConfig, validate_components
+    from agent_r1.engine.collect import collect
+    from agent_r1.engine.session import TaskStream, build_session
+
+    try:
+        registry = _worker_registry(job["plugins"], job["entry_points"], job["loaded"])
+        run = RunConfig.model_validate_json(job["config"])
+        session = build_session(
+            run, validate_components(run, registry), job["run_dir"], training=False, registry=registry
+        )
+        session.stream = TaskStream(session.dataset.load("train"), run.seed)
+        session.stream.restore(job["stream"])
+        weights.model = session.unwrapped
+        assert session.source is not None
+        session.source.engine.weights = weights  # type: ignore[attr-defined]
+        for batch in range(job["start"], job["steps"]):
+            waited = time.perf_counter()
+            while batch - weights.pushed_version() > job["max_staleness"] or weights.pushed_version() < 0:
+                time.sleep(0.005)
+            idle = time.perf_counter() - waited
+            with weights.generating():  # the newest weights before the batch starts
+                pass
+            trajectories, failed, metrics = collect(session, batch, version=weights.version)
+            metrics.update(session.backend.step_metrics())
+            metrics["async/worker_idle_s"] = idle
+            results.put((batch, (trajectories, failed, metrics), session.stream.state()))
+        session.close()
+    except BaseException as exc:  # handed to the trainer, which raises it
+        import traceback
+
+        results.put(
+            (-1, RuntimeError(f"rollout worker: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"), None)
+        )
+
+
+class ProcessRollouts:
+    """:class:`AsyncRollouts` with the rollouts in a worker process of their own (spawned; the
+    same config, plugins, seeds and task order), weights through shared memory and batches
+    through a multiprocessing queue. Same interface: :meth:`take`, :meth:`pushed`,
+    :meth:`stream_state`, :meth:`close`."""
+
+    def __init__(self, session: Any) -> None:
+        import torch.multiprocessing as mp
+
+        from agent_r1.registry import get_registry
+
+        context = mp.get_context("spawn")
+        self.session = session
+        self.max_staleness = session.config.rollout.max_staleness
+        self.weights = SharedWeights(session.unwrapped, context)
+        self.weights.push(session.unwrapped, session.step)  # the worker starts from these weights
+        registry = get_registry()
+        plugins = [
+            (p.name, p.module, p.distribution, p.version) for p in registry.plugins() if p.status == "loaded"
+        ]
+        assert session.stream is not None
+        self._positions: dict[int, Any] = {session.step: session.stream.state()}
+        job = {
+            "config": session.config.model_dump_json(),
+            "run_dir": str(session.run_dir / "rollout-worker"),
+            "plugins": plugins,
+            "entry_points": getattr(registry, "_use_entry_points", True),
+            "loaded": getattr(registry, "_loaded", False),
+            "stream": session.stream.state(),
+            "start": session.step,
+            "steps": session.config.trainer.steps,
+            "max_staleness": self.max_staleness,
+        }
+        self._results = context.Queue()
+        self._process = context.Process(
+            target=_worker_main,
+            args=(job, self.weights, self._results),
+            name="agent-r1-rollout-worker",
+            daemon=True,
+        )
+        self._process.start()
+        self._started = time.perf_counter()
+
+    def take(self, update: int) -> Batch:
+        started = time.perf_counter()
+        while True:
+            try:
+                batch, result, stream = self._results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._process.is_alive():
+                    code = self._process.exitcode
+                    raise RuntimeError(
+                        f"the rollout worker process exited (code {code}) without a batch for update {update}"
+                    ) from None
+        waited = time.perf_counter() - started
+        if isinstance(result, BaseException):
+            raise result
+        if batch != update:
+            raise RuntimeError(f"asynchronous rollouts: expected the batch of update {update}, got {batch}")
+        self._positions[update + 1] = stream
+        trajectories, failed, metrics = result
+        wall = max(time.perf_counter() - self._started, 1e-9)
+        metrics = {
+            **metrics,
+            **staleness_metrics(trajectories, update, self.max_staleness),
+            "async/trainer_wait_s": waited,
+            "async/queue_length": float(self._results.qsize()) if hasattr(self._results, "qsize") else 0.0,
+            "async/rollout_idle_share": metrics.pop("async/worker_idle_s", 0.0) / wall,
+            "async/weight_push_s": self.weights.push_s,
+        }
+        self.weights.push_s, self._started = 0.0, time.perf_counter()
+        return trajectories, failed, metrics
+
+    def pushed(self, model: torch.nn.Module | None, version: int) -> None:
+        if model is not None:
+            self.weights.push(model, version)
+
+    def stream_state(self, update: int) -> Any:
+        if update in self._positions:
+            return self._positions[update]
+        assert self.session.stream is not None
+        return self.session.stream.state()
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join(timeout=10)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from agent_r1.engine.asynchrony import AsyncRollouts
+from agent_r1.engine.asynchrony import AsyncRollouts, ProcessRollouts
 from agent_r1.engine.collect import all_gather, collect
 from agent_r1.engine.reports.health import step_figures, trajectory_counts
 from agent_r1.engine.session import Session
@@ -64,12 +64,13 @@ def train_step(session: Session) -> StepResult:
     return StepResult(metrics, trajectories, failed)
 
 
-def _async_rollouts(session: Session) -> AsyncRollouts | None:
+def _async_rollouts(session: Session) -> AsyncRollouts | ProcessRollouts | None:
     """The session's producer of ``rollout.mode: async`` (started at its first step), or None."""
     if session.config.rollout.mode != "async":
         return None
     if session.async_rollouts is None:
-        session.async_rollouts = AsyncRollouts(session)
+        worker = session.config.rollout.async_worker
+        session.async_rollouts = ProcessRollouts(session) if worker == "process" else AsyncRollouts(session)
     return session.async_rollouts  # type: ignore[no-any-return]
 
 

@@ -578,6 +578,12 @@ def _check_distributed(report: PreflightReport, ctx: _Context) -> None:
             "configuration for DDP (docs/gpu.md, 'Sharded training')"
         )
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if ctx.config.rollout.mode == "async" and world > 1:
+        raise AgentR1Error(
+            f"rollout.mode async runs beside one training process in this version, but {world} were "
+            "launched: start one process (rollout.async_worker: process gives the rollouts their own), "
+            "or use rollout.mode: sync"
+        )
     if sharding == "fsdp2":
         split = "nothing to split on one process" if world == 1 else f"each holds 1/{world}"
         report.add("distributed", "ok", f"FSDP2 sharding over {world} process(es) ({split})")
