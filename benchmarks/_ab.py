@@ -1,6 +1,8 @@
 """Helpers shared by the benchmarks that compare two ways of computing the same gradients
 (``bench_shared_prefix_value.py``, ``bench_step_prefix.py``): the gradient gap, alternating
-timings, and the results file."""
+timings, and the results file; and :func:`run_in_subprocess`, which runs one arm of a benchmark
+in a process of its own (``bench_packing.py``, ``bench_async.py``), so that its peak memory and
+threads are its own."""
 
 from __future__ import annotations
 
@@ -55,3 +57,24 @@ def write_results(results: Mapping[str, Any], out: str | None, name: str) -> Non
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(f"wrote {directory / 'results.json'}")
+
+
+def run_in_subprocess(script: str, spec: dict[str, Any], label: str, threads: int) -> dict[str, Any]:
+    """Run ``script --worker SPEC.json`` with ``threads`` torch threads and return the JSON object
+    it prints last; a failing arm stops the benchmark with its error output."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(spec, handle)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(
+        [sys.executable, script, "--worker", handle.name], env=env, capture_output=True, text=True
+    )
+    os.unlink(handle.name)
+    if done.returncode != 0:
+        sys.exit(f"error: {label} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

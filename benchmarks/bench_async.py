@@ -23,10 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -116,17 +113,9 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
 def _spawn(spec: dict[str, Any], smoke: bool) -> dict[str, Any]:
     if smoke:
         return run_arm(spec)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(spec, handle)
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec.get("threads", 1))}
-    done = subprocess.run(
-        [sys.executable, __file__, "--worker", handle.name], env=env, capture_output=True, text=True
-    )
-    os.unlink(handle.name)
-    if done.returncode != 0:
-        sys.exit(f"error: {spec['mode']} (seed {spec['seed']}) failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    from _ab import run_in_subprocess
+
+    return run_in_subprocess(__file__, spec, f"{spec['mode']} (seed {spec['seed']})", spec.get("threads", 1))
 
 
 def _spread(rows: list[dict[str, Any]], key: str) -> str:

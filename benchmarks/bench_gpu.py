@@ -131,6 +131,23 @@ def peak_tflops(device: torch.device, override: float | None) -> tuple[float | N
 # --------------------------------------------------------------------------------------------
 
 
+def bench_registry() -> Any:
+    """The process's registry with agent-r1's builtins (registered by hand when agent-r1 is
+    imported from a source tree, not installed) and the toy plugin, each once."""
+    import agent_r1.builtins
+    import agent_r1.testing.toy as toy
+    from agent_r1.registry import get_registry
+
+    registry = get_registry()
+    registry.load()
+    loaded = {p.name for p in registry.plugins() if p.status != "broken"}
+    if "builtins" not in loaded:
+        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
+    if "toy" not in loaded:
+        registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    return registry
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -282,18 +299,12 @@ def training_section(
     model: Any, tokenizer: Any, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
     import agent_r1.builtins
-    import agent_r1.testing.toy as toy
     from agent_r1.config import RunConfig, validate_components
     from agent_r1.engine import build_session
     from agent_r1.engine.update import update
-    from agent_r1.registry import Registry, get_registry, reset_registry
+    from agent_r1.registry import Registry, reset_registry
 
-    registry = get_registry()
-    registry.load()
-    loaded = {p.name for p in registry.plugins() if p.status != "broken"}
-    if "builtins" not in loaded:  # agent-r1 imported from a source tree, not installed
-        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
-    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    registry = bench_registry()
     run_dir = Path(args.out) / "session"
     run = RunConfig.model_validate(run_config(args, run_dir, device))
     session = build_session(
@@ -465,19 +476,13 @@ def sharding_section(
 ) -> dict[str, Any]:
     """The update with ``trainer.sharding: fsdp2`` against the unsharded update, then the sharded
     session's checkpoint gather, export copy and one rollout (see the module docstring)."""
-    import agent_r1.builtins
-    import agent_r1.testing.toy as toy
     from agent_r1.config import RunConfig, validate_components
     from agent_r1.contracts import SamplingParams
     from agent_r1.engine import build_session
     from agent_r1.engine.update import update
-    from agent_r1.registry import Registry, get_registry, reset_registry
+    from agent_r1.registry import Registry, reset_registry
 
-    registry = get_registry()
-    registry.load()
-    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
-        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
-    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    registry = bench_registry()
     vocab = int(shape["vocab_size"])
     prompts = make_prompts(args.tasks, args.group, args.prompt, vocab, args.seed)
     sessions = {}
@@ -549,18 +554,12 @@ def packing_section(
     from bench_packing import long_tailed_lengths
     from bench_packing import trajectories as long_trajectories
 
-    import agent_r1.builtins
-    import agent_r1.testing.toy as toy
     from agent_r1.config import RunConfig, validate_components
     from agent_r1.engine import build_session
     from agent_r1.engine.update import update
-    from agent_r1.registry import Registry, get_registry, reset_registry
+    from agent_r1.registry import Registry, reset_registry
 
-    registry = get_registry()
-    registry.load()
-    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
-        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
-    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    registry = bench_registry()
     shortest, longest = (20, 200) if args.smoke else (200, 8000)
     lengths = long_tailed_lengths(16, shortest, longest)
     budget = 8192 if not args.smoke else 256
@@ -663,17 +662,11 @@ def async_section(
     generated tokens per second over the whole loop, and idle shares."""
     import math
 
-    import agent_r1.builtins
-    import agent_r1.testing.toy as toy
     from agent_r1.config import RunConfig, validate_components
     from agent_r1.engine import build_session, train_step
-    from agent_r1.registry import Registry, get_registry, reset_registry
+    from agent_r1.registry import Registry, reset_registry
 
-    registry = get_registry()
-    registry.load()
-    if "builtins" not in {p.name for p in registry.plugins() if p.status != "broken"}:
-        registry.register_plugin(agent_r1.builtins, "builtins", distribution="agent-r1")
-    registry.register_plugin(toy, "toy", distribution="agent-r1-bench")
+    registry = bench_registry()
     steps = 2 if args.smoke else 5
     latency = 0.0 if args.smoke else 0.3
     results: dict[str, Any] = {}

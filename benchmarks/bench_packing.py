@@ -32,11 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -168,17 +165,9 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
 def _spawn(spec: dict[str, Any], smoke: bool) -> dict[str, Any]:
     if smoke:  # in-process: the figures are not meaningful, the code paths are
         return run_arm(spec)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(spec, handle)
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec.get("threads", 2))}
-    done = subprocess.run(
-        [sys.executable, __file__, "--worker", handle.name], env=env, capture_output=True, text=True
-    )
-    os.unlink(handle.name)
-    if done.returncode != 0:
-        sys.exit(f"error: arm {spec['arm']} ({spec['model']}) failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    from _ab import run_in_subprocess
+
+    return run_in_subprocess(__file__, spec, f"arm {spec['arm']} ({spec['model']})", spec.get("threads", 2))
 
 
 def _model(name: str, work: Path, smoke: bool) -> tuple[str, float, int, int]:

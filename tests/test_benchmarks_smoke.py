@@ -124,11 +124,10 @@ def test_an_unknown_section_is_refused_with_the_choices() -> None:
     assert "unknown section(s) speed" in process.stderr and "trl, tools, scaling" in process.stderr
 
 
-def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
-    """``benchmarks/bench_packing.py --smoke``: every arm's update runs on the real engine (in
-    one process, tiny shapes) and the report holds the layout figures."""
+def _smoke(script: str, out: Path) -> None:
+    """Run ``benchmarks/SCRIPT --smoke --out OUT`` and require it to succeed."""
     completed = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_packing.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--out", str(out)],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -136,6 +135,12 @@ def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+
+
+def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
+    """``benchmarks/bench_packing.py --smoke``: every arm's update runs on the real engine (in
+    one process, tiny shapes) and the report holds the layout figures."""
+    _smoke("bench_packing.py", tmp_path)
     results = json.loads((tmp_path / "bench_packing.json").read_text(encoding="utf-8"))
     arms = results["compare"][0]["arms"]
     assert (
@@ -153,15 +158,7 @@ def test_bench_packing_smoke_runs_every_arm(tmp_path: Path) -> None:
 def test_bench_async_smoke_runs_sync_and_async(tmp_path: Path) -> None:
     """``benchmarks/bench_async.py --smoke``: sync and async runs (staleness 1 and 2) train the
     tiny model on the multi-turn toy task in-process and the report compares them."""
-    completed = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_async.py"), "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    _smoke("bench_async.py", tmp_path)
     runs = json.loads((tmp_path / "bench_async.json").read_text(encoding="utf-8"))["runs"]
     assert sorted(r["mode"] for r in runs) == ["async-1", "async-2", "sync"]
     assert all(r["wall_s"] > 0 and 0 <= r["held_out"] <= 1 for r in runs)

@@ -152,6 +152,51 @@ def staleness_metrics(trajectories: list[Trajectory], update: int, max_staleness
 Batch = tuple[list[Trajectory], list[Trajectory], dict[str, float]]
 
 
+def _receive(source: Any, update: int, stopped: Callable[[], str | None]) -> tuple[Batch, Any, float]:
+    """The batch of ``update`` from ``source`` (a queue of ``(batch, result, extra)``), what came
+    with it, and the seconds waited; raises what the producer raised, or why it stopped
+    (``stopped()``, polled every second)."""
+    started = time.perf_counter()
+    while True:
+        try:
+            batch, result, extra = source.get(timeout=1.0)
+            break
+        except queue.Empty:
+            reason = stopped()
+            if reason is not None:
+                raise RuntimeError(f"{reason} without a batch for update {update}") from None
+    if isinstance(result, BaseException):
+        raise result
+    if batch != update:
+        raise RuntimeError(f"asynchronous rollouts: expected the batch of update {update}, got {batch}")
+    return result, extra, time.perf_counter() - started
+
+
+def _with_metrics(
+    result: Batch,
+    update: int,
+    max_staleness: int,
+    waited: float,
+    queued: int,
+    idle_share: float,
+    push_s: float,
+) -> Batch:
+    """``result`` with the ``async/`` metrics of the update that takes it."""
+    trajectories, failed, metrics = result
+    return (
+        trajectories,
+        failed,
+        {
+            **metrics,
+            **staleness_metrics(trajectories, update, max_staleness),
+            "async/trainer_wait_s": waited,
+            "async/queue_length": float(queued),
+            "async/rollout_idle_share": idle_share,
+            "async/weight_push_s": push_s,
+        },
+    )
+
+
 class AsyncRollouts:
     """The producer thread of ``rollout.mode: async`` for one session (see the module docstring).
 
@@ -230,36 +275,21 @@ class AsyncRollouts:
     # -- the trainer side ---------------------------------------------------------------------
     def take(self, update: int) -> Batch:
         """The batch for ``update`` (blocks until it is there), with the ``async/`` metrics."""
-        started = time.perf_counter()
-        while True:
-            try:
-                batch, result, finished = self._queue.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError(
-                        f"the rollout thread stopped without a batch for update {update}"
-                    ) from None
-        waited = time.perf_counter() - started
-        if isinstance(result, BaseException):
-            raise result
-        if batch != update:
-            raise RuntimeError(f"asynchronous rollouts: expected the batch of update {update}, got {batch}")
-        trajectories, failed, metrics = result
+
+        def stopped() -> str | None:
+            return None if self._thread.is_alive() else "the rollout thread stopped"
+
+        result, finished, waited = _receive(self._queue, update, stopped)
         wall = max(time.perf_counter() - self._started, 1e-9)
-        metrics = {
-            **metrics,
-            **staleness_metrics(trajectories, update, self.max_staleness),
-            "async/trainer_wait_s": waited,
-            "async/queue_length": float(self._queue.qsize()),
-            "async/rollout_idle_share": self._idle_s / wall,
-            "async/batch_age_s": time.perf_counter() - finished,
-        }
+        push_s = self.weights.push_s if self.weights is not None else 0.0
         if self.weights is not None:
-            metrics["async/weight_push_s"] = self.weights.push_s
             self.weights.push_s = 0.0
+        extra = {"async/batch_age_s": time.perf_counter() - finished}
+        out = _with_metrics(
+            result, update, self.max_staleness, waited, self._queue.qsize(), self._idle_s / wall, push_s
+        )
         self._idle_s, self._started = 0.0, time.perf_counter()
-        return trajectories, failed, metrics
+        return out[0], out[1], {**out[2], **extra}
 
     def stream_state(self, update: int) -> Any:
         """The task stream's state before the tasks of ``update`` were drawn: what a checkpoint
@@ -435,35 +465,21 @@ class ProcessRollouts:
         self._started = time.perf_counter()
 
     def take(self, update: int) -> Batch:
-        started = time.perf_counter()
-        while True:
-            try:
-                batch, result, stream = self._results.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not self._process.is_alive():
-                    code = self._process.exitcode
-                    raise RuntimeError(
-                        f"the rollout worker process exited (code {code}) without a batch for update {update}"
-                    ) from None
-        waited = time.perf_counter() - started
-        if isinstance(result, BaseException):
-            raise result
-        if batch != update:
-            raise RuntimeError(f"asynchronous rollouts: expected the batch of update {update}, got {batch}")
+        """The batch for ``update`` (blocks until it is there), with the ``async/`` metrics."""
+
+        def stopped() -> str | None:
+            code = self._process.exitcode
+            return None if self._process.is_alive() else f"the rollout worker process exited (code {code})"
+
+        result, stream, waited = _receive(self._results, update, stopped)
         self._positions[update + 1] = stream
-        trajectories, failed, metrics = result
         wall = max(time.perf_counter() - self._started, 1e-9)
-        metrics = {
-            **metrics,
-            **staleness_metrics(trajectories, update, self.max_staleness),
-            "async/trainer_wait_s": waited,
-            "async/queue_length": float(self._results.qsize()) if hasattr(self._results, "qsize") else 0.0,
-            "async/rollout_idle_share": metrics.pop("async/worker_idle_s", 0.0) / wall,
-            "async/weight_push_s": self.weights.push_s,
-        }
+        idle = result[2].pop("async/worker_idle_s", 0.0) / wall
+        out = _with_metrics(
+            result, update, self.max_staleness, waited, self._results.qsize(), idle, self.weights.push_s
+        )
         self.weights.push_s, self._started = 0.0, time.perf_counter()
-        return trajectories, failed, metrics
+        return out
 
     def pushed(self, model: torch.nn.Module | None, version: int) -> None:
         if model is not None:
