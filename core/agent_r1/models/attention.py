@@ -58,7 +58,7 @@ def _attention(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None or position_ids is None or query.shape[0] != 1 or dropout:
+    if attention_mask is not None or position_ids is None or query.shape[0] != 1:
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -70,7 +70,7 @@ def _attention(
         if prefix == 0:
             k, v = key[:, :, start:end], value[:, :, start:end]
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa
+                q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa, dropout_p=dropout
             )
         else:
             k = torch.cat([key[:, :, :prefix], key[:, :, prefix + start : prefix + end]], dim=2)
@@ -78,7 +78,7 @@ def _attention(
             length = end - start
             seen = torch.ones(length, prefix + length, dtype=torch.bool, device=q.device).tril(prefix)
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=seen, scale=scaling, enable_gqa=gqa
+                q, k, v, attn_mask=seen, scale=scaling, enable_gqa=gqa, dropout_p=dropout
             )
         outputs.append(out)
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None  # [1, Q, H, D]
