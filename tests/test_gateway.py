@@ -305,6 +305,39 @@ def test_other_refusals(gateway: Any, tool_model: Any) -> None:
     assert post(f"{gateway.url}/episodes/nope/reward", json={"value": 1}).status_code == 404
     models = httpx.get(f"{gateway.url}/episodes/anything/v1/models").json()
     assert [m["id"] for m in models["data"]] == ["tiny"]
+    # an unknown route answers in OpenAI's error format, not the framework's {"detail": ...}
+    missing = post(f"{gateway.url}/v1/embeddings", json={"model": "tiny", "input": "a"})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert "POST /v1/embeddings" in missing.json()["error"]["message"]
+
+
+def test_parameters_that_do_not_change_sampling_are_accepted_and_ignored(gateway: Any) -> None:
+    from agent_r1.gateway.protocol import IGNORED_PARAMETERS
+
+    gateway, backend = gateway
+    request = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "seed": 1,
+        "temperature": 0,
+    }
+    plain = httpx.post(f"{gateway.url}/v1/chat/completions", json=request)
+    extras = {
+        "prompt_cache_key": "agent-7",
+        "safety_identifier": "user-123",
+        "stream_options": {"include_obfuscation": False},
+        "store": False,
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+    }
+    assert {k.split(".")[0] for k in IGNORED_PARAMETERS} >= set(extras)
+    ignored = httpx.post(f"{gateway.url}/v1/chat/completions", json={**request, **extras})
+    assert plain.status_code == ignored.status_code == 200, ignored.text
+    assert ignored.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+    assert backend.record[-1][0] == backend.record[-2][0]  # the same prompt reached the model
+    still_refused = httpx.post(f"{gateway.url}/v1/chat/completions", json={**request, "logit_bias": {"5": 3}})
+    assert still_refused.status_code == 400 and "logit_bias" in still_refused.json()["error"]["message"]
 
 
 def test_a_training_gateway_serves_only_its_episodes_and_only_during_rollouts(tool_model: Any) -> None:

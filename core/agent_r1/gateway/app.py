@@ -16,6 +16,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agent_r1.gateway import episodes, openai_routes
 from agent_r1.gateway.protocol import GatewayHTTPError, RequestError, error_body
@@ -37,6 +38,19 @@ def build_app(gateway: Any) -> FastAPI:
         # the server's log the traceback (uvicorn prints it after this handler).
         message = f"internal error in the agent-r1 policy gateway: {type(exc).__name__}: {exc}"
         return JSONResponse(error_body(message, kind="server_error"), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods: in OpenAI's error format, not the framework's {"detail": ...}
+        if exc.status_code == 404:
+            message = (
+                f"no route {request.method} {request.url.path} on the agent-r1 policy gateway; it serves "
+                "/v1/chat/completions, /v1/completions and /v1/models (also under /episodes/<id>)"
+            )
+            return JSONResponse(error_body(message, code="not_found"), status_code=404)
+        return JSONResponse(
+            error_body(str(exc.detail), code=str(exc.status_code)), status_code=exc.status_code
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

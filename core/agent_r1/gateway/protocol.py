@@ -105,6 +105,19 @@ def error_body(
 # --------------------------------------------------------------------------------------------
 
 
+IGNORED_PARAMETERS = {
+    "user": "an end-user identifier (also read as the episode id when no other names one)",
+    "metadata": "free-form tags (metadata.episode_id names the episode)",
+    "store": "whether OpenAI would store the completion",
+    "service_tier": "the processing tier",
+    "prompt_cache_key": "a hint for routing requests to a prompt cache",
+    "safety_identifier": "an end-user identifier for abuse monitoring",
+    "stream_options.include_obfuscation": "random padding of stream events (none is added)",
+    "parallel_tool_calls": "whether several tool calls may come in one turn (the policy decides)",
+}
+"""Parameters the gateway accepts and ignores, because they do not change what is sampled."""
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -125,6 +138,10 @@ class _Request(BaseModel):
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    """Accepted and ignored: a cache-routing hint (see :data:`IGNORED_PARAMETERS`)."""
+    safety_identifier: str | None = None
+    """Accepted and ignored: an end-user identifier for abuse monitoring."""
 
     def stop_list(self) -> list[str]:
         """``stop`` as a list (OpenAI takes a string or up to four strings)."""
@@ -152,9 +169,12 @@ class _Request(BaseModel):
             value = getattr(self, name)
             if value not in (None, 0, 0.0):
                 problems.append((name, f"{name}={value} would change the sampling distribution"))
-        if self.stream_options and set(self.stream_options) - {"include_usage"}:
-            extra = sorted(set(self.stream_options) - {"include_usage"})
-            problems.append(("stream_options", f"only include_usage is supported, got {extra}"))
+        known = {"include_usage", "include_obfuscation"}
+        if self.stream_options and set(self.stream_options) - known:
+            extra = sorted(set(self.stream_options) - known)
+            problems.append(
+                ("stream_options", f"only include_usage and include_obfuscation are supported, got {extra}")
+            )
         return problems
 
 
