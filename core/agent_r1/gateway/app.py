@@ -28,33 +28,7 @@ def build_app(gateway: Any) -> FastAPI:
     """The ASGI app serving ``gateway`` (a :class:`~agent_r1.gateway.server.PolicyGateway`)."""
     app = FastAPI(title="agent-r1 policy gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.exception_handler(GatewayHTTPError)
-    async def gateway_error(_: Request, exc: GatewayHTTPError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
-        # A bug (or a library failing in a new way): the client gets an OpenAI-style 500 body and
-        # the server's log the traceback (uvicorn prints it after this handler).
-        message = f"internal error in the agent-r1 policy gateway: {type(exc).__name__}: {exc}"
-        return JSONResponse(error_body(message, kind="server_error"), status_code=500)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Unknown routes and methods: in OpenAI's error format, not the framework's {"detail": ...}
-        if exc.status_code == 404:
-            message = (
-                f"no route {request.method} {request.url.path} on the agent-r1 policy gateway; it serves "
-                "/v1/chat/completions, /v1/completions and /v1/models (also under /episodes/<id>)"
-            )
-            return JSONResponse(error_body(message, code="not_found"), status_code=404)
-        return JSONResponse(
-            error_body(str(exc.detail), code=str(exc.status_code)), status_code=exc.status_code
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(f"invalid request: {exc.errors()}"), status_code=400)
+    _error_handlers(app)
 
     async def body_of(request: Request) -> Any:
         raw = await request.body()
@@ -109,3 +83,36 @@ def build_app(gateway: Any) -> FastAPI:
         return gateway.health()
 
     return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's format: the gateway's own, unexpected ones, invalid requests and
+    unknown routes."""
+
+    @app.exception_handler(GatewayHTTPError)
+    async def gateway_error(_: Request, exc: GatewayHTTPError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        # A bug (or a library failing in a new way): the client gets an OpenAI-style 500 body and
+        # the server's log the traceback (uvicorn prints it after this handler).
+        message = f"internal error in the agent-r1 policy gateway: {type(exc).__name__}: {exc}"
+        return JSONResponse(error_body(message, kind="server_error"), status_code=500)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods: in OpenAI's error format, not the framework's {"detail": ...}
+        if exc.status_code == 404:
+            message = (
+                f"no route {request.method} {request.url.path} on the agent-r1 policy gateway; it serves "
+                "/v1/chat/completions, /v1/completions and /v1/models (also under /episodes/<id>)"
+            )
+            return JSONResponse(error_body(message, code="not_found"), status_code=404)
+        return JSONResponse(
+            error_body(str(exc.detail), code=str(exc.status_code)), status_code=exc.status_code
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(f"invalid request: {exc.errors()}"), status_code=400)

@@ -65,7 +65,7 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         with ExitStack() as stack:
-            stack.callback(_close_process_group)  # last: after every collective of the run
+            stack.push(_close_process_group)  # last: after every collective of the run
             stack.callback(session.close)  # the policy gateway of rollout.source: gateway, if started
             if session.is_main:
                 stack.enter_context(run_log(run_dir / "run.log"))
@@ -267,11 +267,16 @@ def _checkpoint(session: Session, plain: dict[str, Any]) -> None:
     session.registry.notify("on_checkpoint", step=session.step, path=path)
 
 
-def _close_process_group() -> None:
-    """Destroy the process group of a multi-process (or sharded) run before the interpreter exits:
-    a gloo or NCCL group left to the interpreter's teardown can abort the process
-    ("terminate called without an active exception") after the run has finished."""
+def _close_process_group(exc_type: Any, exc: Any, traceback: Any) -> None:
+    """Destroy the process group of a multi-process (or sharded) run before the interpreter exits,
+    after every process has got there (a barrier, unless this one is leaving on an error): a gloo
+    group left to the interpreter's teardown, or torn down while another process still talks to
+    it, can abort a process ("terminate called without an active exception") after its run has
+    finished."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if exc_type is None and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
