@@ -28,20 +28,24 @@ __all__ = ["VARLEN_ATTENTION", "register", "segments", "use_varlen_attention"]
 
 VARLEN_ATTENTION = "sdpa_varlen"
 _registered = False
-_last: list[Any] = [None, None]  # the last position_ids seen and their segments (every layer asks)
+_last: tuple[Any, list[tuple[int, int]]] = (None, [])
+"""The last position_ids seen and their segments (every layer asks): one tuple, replaced whole, so
+that a rollout thread and the trainer never read one's tensor with the other's segments."""
 
 
 def segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """``(start, end)`` of each run of consecutive positions in ``position_ids`` ``[1, N]``: a new
     trajectory starts wherever the position does not follow the previous one. Read once per
     forward pass (one transfer from the device), not once per layer."""
-    if _last[0] is position_ids:
-        return _last[1]  # type: ignore[no-any-return]
+    global _last
+    seen, found = _last
+    if seen is position_ids:
+        return found
     positions = position_ids[0]
     breaks = (positions[1:] != positions[:-1] + 1).nonzero().flatten() + 1
     edges = [0, *breaks.tolist(), int(positions.shape[0])]
     found = list(itertools.pairwise(edges))
-    _last[:] = [position_ids, found]
+    _last = (position_ids, found)
     return found
 
 
