@@ -397,9 +397,12 @@ def test_rewards_and_finish_through_the_episode_endpoints(tool_model: Any, tmp_p
         [saved] = load_trajectories(out)
         assert saved.token_ids == trajectory.token_ids and saved.steps[-1].action.answer == "42"
         assert len(backend.record) == 2
-        again = client.chat.completions.create  # the episode is closed: a new call opens a new one
-        again(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1)
-        assert httpx.get(f"{gateway.url}/health").json()["open_episodes"] == 1
+        with pytest.raises(openai.ConflictError, match="was finished"):  # an id is used once
+            client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=1
+            )
+        assert httpx.get(f"{gateway.url}/health").json()["open_episodes"] == 0
+        assert len(load_trajectories(out)) == 1 and len(backend.record) == 2
     finally:
         gateway.stop()
 

@@ -299,5 +299,5 @@ def test_segments_of_a_fresh_prompt_are_prompt_then_policy(renderer: ChatRendere
         (TokenSource.POLICY, [8, 9]),
     ]
     assert trajectory.truncated and trajectory.metrics["length_cuts"] == 1.0
-    with pytest.raises(Exception, match="unknown episode 'e'"):
-        recorder.get("e")  # finished episodes are closed
+    with pytest.raises(Exception, match="episode 'e' was finished"):
+        recorder.get("e")  # finished episodes are closed, and their ids never reopened

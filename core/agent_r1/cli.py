@@ -473,12 +473,19 @@ def serve_policy(
     out: Path | None = typer.Option(
         None, "--out", help="append finished episodes' trajectories to this JSONL"
     ),
+    episode_idle_s: float = typer.Option(
+        900.0,
+        "--episode-idle-s",
+        help="close an episode with no call, reward or show for this many seconds, as failed "
+        "(appended to --out; its id then gets HTTP 409); 0: never",
+    ),
 ) -> None:
     """Serve the policy as an OpenAI-compatible API that records token-faithful episodes.
 
     /v1/chat/completions (tools, tool calls, streaming), /v1/completions and /v1/models, also under
     /episodes/<id>/v1 to tie calls to an episode; POST /episodes/<id>/reward and
-    /episodes/<id>/finish (see docs/gateway.md). Needs FastAPI and uvicorn (the gateway extra).
+    /episodes/<id>/finish (see docs/gateway.md). An episode id is used once: a finished or idle-closed
+    id gets HTTP 409. Needs FastAPI and uvicorn (the gateway extra).
     """
     from agent_r1.gateway.serve import serve_policy as run_server
 
@@ -493,6 +500,7 @@ def serve_policy(
         max_new_tokens=max_new_tokens,
         max_context=max_context,
         out=out,
+        episode_idle_s=episode_idle_s,
     )
 
 

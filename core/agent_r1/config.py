@@ -157,6 +157,12 @@ class GatewayConfig(_Section):
     batch_wait_s: float = Field(
         0.02, ge=0, description="how long the gateway waits for more calls to batch with the first"
     )
+    structured_output: Literal["refuse", "prompted"] = Field(
+        "refuse",
+        description="a request asking for JSON output (response_format, text.format): 'refuse' answers "
+        "HTTP 400; 'prompted' adds the schema to the system message as an instruction (sampling stays "
+        "unconstrained, so a reply may not be valid JSON)",
+    )
 
 
 class RolloutConfig(_Section):

@@ -4,7 +4,8 @@ handler of :mod:`agent_r1.gateway.openai_routes` or :mod:`agent_r1.gateway.episo
 Kept apart from the gateway so that FastAPI is imported only when a server is built, and without
 postponed annotations: FastAPI reads the handlers' annotations (``Request``) at runtime.
 
-Routes: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``, each also under
+Routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` (``POST``; ``GET`` and
+``DELETE`` by id) and ``/v1/models``, each also under
 ``/episodes/{episode_id}``; ``POST /episodes``, ``GET /episodes/{episode_id}``,
 ``POST /episodes/{episode_id}/reward``, ``POST /episodes/{episode_id}/finish`` and ``GET /health``.
 Every error is an OpenAI-style body (``{"error": {"message", "type", "param", "code"}}``).
@@ -18,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from agent_r1.gateway import episodes, openai_routes
+from agent_r1.gateway import episodes, openai_routes, responses
 from agent_r1.gateway.protocol import GatewayHTTPError, RequestError, error_body
 
 __all__ = ["build_app"]
@@ -57,9 +58,21 @@ def build_app(gateway: Any) -> FastAPI:
     async def completions(request: Request, episode_id: Optional[str] = None) -> Any:  # noqa: UP045
         return respond(await openai_routes.complete(gateway, await body_of(request), episode_id))
 
+    async def create_response(request: Request, episode_id: Optional[str] = None) -> Any:  # noqa: UP045
+        return respond(await responses.create(gateway, await body_of(request), episode_id))
+
+    def get_response(response_id: str, episode_id: Optional[str] = None) -> Any:  # noqa: UP045
+        return responses.retrieve(gateway, response_id)
+
+    def delete_response(response_id: str, episode_id: Optional[str] = None) -> Any:  # noqa: UP045
+        return responses.delete(gateway, response_id)
+
     for prefix in ("", "/episodes/{episode_id}"):
         app.post(f"{prefix}/v1/chat/completions")(chat)
         app.post(f"{prefix}/v1/completions")(completions)
+        app.post(f"{prefix}/v1/responses")(create_response)
+        app.get(f"{prefix}/v1/responses/{{response_id}}")(get_response)
+        app.delete(f"{prefix}/v1/responses/{{response_id}}")(delete_response)
         app.get(f"{prefix}/v1/models")(models)
 
     @app.post("/episodes")
@@ -105,8 +118,9 @@ def _error_handlers(app: FastAPI) -> None:
         # Unknown routes and methods: in OpenAI's error format, not the framework's {"detail": ...}
         if exc.status_code == 404:
             message = (
-                f"no route {request.method} {request.url.path} on the agent-r1 policy gateway; it serves "
-                "/v1/chat/completions, /v1/completions and /v1/models (also under /episodes/<id>)"
+                f"no route {request.method} {request.url.path} on the agent-r1 policy gateway; it "
+                "serves /v1/chat/completions, /v1/completions, /v1/responses and /v1/models (also under "
+                "/episodes/<id>)"
             )
             return JSONResponse(error_body(message, code="not_found"), status_code=404)
         return JSONResponse(

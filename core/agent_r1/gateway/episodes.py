@@ -5,6 +5,10 @@ and trajectories so far, ``POST /episodes/{id}/reward`` adds a reward signal and
 ``POST /episodes/{id}/finish`` closes it and returns its trajectories (appended to the server's
 ``--out`` file too). In a training run the trainer opens and finishes the episodes itself
 (:mod:`agent_r1.gateway.training`); agents may still post rewards.
+
+An episode id is used once: once the episode is finished (or closed for idleness, see
+:meth:`~agent_r1.gateway.server.PolicyGateway.close_idle`), each of these endpoints, and every
+call, answers HTTP 409 on its id (:class:`~agent_r1.gateway.protocol.ConflictError`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ REWARD_FIELDS = frozenset({"value", "name", "kind", "completion_id", "weight"})
 
 
 def open_episode(gateway: PolicyGateway, body: Any) -> dict[str, Any]:
-    """``POST /episodes``: open an episode (standalone server only)."""
+    """``POST /episodes``: open an episode (standalone server only); an id that has ended is
+    refused (HTTP 409)."""
     if not gateway.settings.open_on_demand:
         raise RequestError("in a training run the trainer opens the episodes", code="training_gateway")
     body = body if isinstance(body, dict) else {}
@@ -84,7 +89,8 @@ def post_reward(gateway: PolicyGateway, episode_id: str, body: Any) -> dict[str,
 
 
 def finish_episode(gateway: PolicyGateway, episode_id: str, body: Any) -> dict[str, Any]:
-    """``POST /episodes/{id}/finish``: ``{"answer"?}``; closes the episode (standalone server)."""
+    """``POST /episodes/{id}/finish``: ``{"answer"?}``; closes the episode (standalone server) and
+    returns its trajectories, once: finishing it again is HTTP 409."""
     if not gateway.settings.open_on_demand:
         raise RequestError("in a training run the trainer finishes the episodes", code="training_gateway")
     body = body if isinstance(body, dict) else {}

@@ -39,14 +39,27 @@ from agent_r1.gateway.protocol import (
     new_id,
     openai_tool_calls,
     parse_request,
+    structured_format,
+    structured_instruction,
+    with_instruction,
 )
 from agent_r1.gateway.recorder import CallPlan, Episode
 from agent_r1.gateway.tools import ParsedReply
+from agent_r1.mdp import Message
 
 if TYPE_CHECKING:  # pragma: no cover
     from agent_r1.gateway.server import PolicyGateway
 
-__all__ = ["chat", "complete"]
+__all__ = [
+    "ChatTurn",
+    "chat",
+    "chat_turn",
+    "check_model",
+    "complete",
+    "episode_of",
+    "pieces",
+    "token_logprobs",
+]
 
 
 @dataclass
@@ -66,36 +79,36 @@ async def chat(gateway: PolicyGateway, body: Any, path_episode: str | None) -> A
     """Serve one ``/v1/chat/completions`` body: the response object, or an async iterator of
     server-sent events when it asks to stream."""
     request: ChatRequest = parse_request(ChatRequest, body)
-    _check_model(gateway, request.model)
-    episode = _episode(gateway, path_episode, request.episode_hint())
+    check_model(gateway, request.model)
+    episode = episode_of(gateway, path_episode, request.episode_hint())
     messages = canonical_messages(request.messages)
+    structured = structured_format(request.response_format, "response_format")
     tools = [dict(tool) for tool in request.tools] if request.tools else None
-    allow_calls = request.tool_choice != "none"
-    if request.tool_choice == "required":
-        gateway.notice(
-            "required",
-            "tool_choice='required' is served like 'auto': the policy is sampled unconstrained, so it "
-            "may answer without a tool call",
-        )
-    plan = _chat_plan(gateway, episode, messages, tools)
-    user_stops = request.stop_list()
-    stops = sorted({*user_stops, *(gateway.rendering.stop_sequences(tools) if allow_calls else [])})
-    call = await _sample(gateway, request, plan.prompt_ids, request.token_limit(), stops)
-    reply = gateway.rendering.parse(_visible(call, user_stops), tools, allow_calls=allow_calls)
-    completion_id = new_id("chatcmpl")
-    _record(gateway, episode, plan, call, reply, completion_id)
+    turn = await chat_turn(
+        gateway,
+        request,
+        episode,
+        messages,
+        tools,
+        tool_choice=request.tool_choice,
+        user_stops=request.stop_list(),
+        token_limit=request.token_limit(),
+        structured=structured,
+        id_prefix="chatcmpl",
+    )
+    call, reply = turn.call, turn.reply
     reason = finish_reason(call.finish, bool(reply.tool_calls))
-    logprobs = _token_logprobs(gateway, call.generation) if request.logprobs else None
+    logprobs = token_logprobs(gateway, call.generation) if request.logprobs else None
     if request.stream:
         include_usage = bool((request.stream_options or {}).get("include_usage"))
         return _chat_events(
-            gateway, completion_id, request.model, reply, reason, call, logprobs, include_usage
+            gateway, turn.completion_id, request.model, reply, reason, call, logprobs, include_usage
         )
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
     if reply.tool_calls:
         message["tool_calls"] = openai_tool_calls(reply.tool_calls)
     return chat_response(
-        response_id=completion_id,
+        response_id=turn.completion_id,
         model=request.model,
         message=message,
         finish=reason,
@@ -105,11 +118,90 @@ async def chat(gateway: PolicyGateway, body: Any, path_episode: str | None) -> A
     )
 
 
+@dataclass
+class ChatTurn:
+    """One chat-shaped call, generated and recorded: what was sampled, the assistant message the
+    gateway made of it, and its response id."""
+
+    call: SampledCall
+    reply: ParsedReply
+    completion_id: str
+
+
+async def chat_turn(
+    gateway: PolicyGateway,
+    request: Any,
+    episode: Episode | None,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None,
+    *,
+    tool_choice: Any,
+    user_stops: list[str],
+    token_limit: int | None,
+    structured: dict[str, Any] | None,
+    id_prefix: str,
+) -> ChatTurn:
+    """The steps every chat-shaped call shares (``/v1/chat/completions`` and ``/v1/responses``):
+    plan the prompt against the episode, sample within the token budget, read the tool calls back
+    and record the call. ``request`` carries the sampling settings (``temperature``, ``top_p``,
+    ``top_k``, ``seed``); ``structured`` is a normalised output format (see
+    :func:`~agent_r1.gateway.protocol.structured_format`), served only in the gateway's
+    ``prompted`` mode."""
+    if structured is not None:
+        messages = _prompted(gateway, messages, structured)
+    allow_calls = tool_choice != "none"
+    if tool_choice == "required":
+        gateway.notice(
+            "required",
+            "tool_choice='required' is served like 'auto': the policy is sampled unconstrained, so it "
+            "may answer without a tool call",
+        )
+    plan = _chat_plan(gateway, episode, messages, tools)
+    stops = sorted({*user_stops, *(gateway.rendering.stop_sequences(tools) if allow_calls else [])})
+    call = await _sample(gateway, request, plan.prompt_ids, token_limit, stops)
+    reply = gateway.rendering.parse(_visible(call, user_stops), tools, allow_calls=allow_calls)
+    completion_id = new_id(id_prefix)
+    _record(gateway, episode, plan, call, reply, completion_id)
+    if structured is not None and not reply.tool_calls and not _is_json_object(reply.content or ""):
+        gateway.count("structured_output_invalid")
+    return ChatTurn(call=call, reply=reply, completion_id=completion_id)
+
+
+def _prompted(gateway: PolicyGateway, messages: list[Message], structured: dict[str, Any]) -> list[Message]:
+    """The conversation with the instruction that asks for ``structured`` output (the gateway's
+    ``prompted`` mode), or a refusal naming the setting that allows it."""
+    if gateway.settings.structured_output != "prompted":
+        where = structured["param"]
+        raise RequestError(
+            f"{where}: structured output ({structured['type']}) is not served by default: the policy is "
+            "sampled unconstrained, so its output is not guaranteed to be JSON. Start the gateway with "
+            "rollout.gateway.structured_output=prompted to accept it as an instruction added to the "
+            "system message (the trajectory records the prompt with it; nothing constrains sampling)",
+            param=where,
+            code="unsupported_parameter",
+        )
+    gateway.count("structured_output_prompted")
+    gateway.notice(
+        "prompted",
+        "structured output is served in 'prompted' mode: the schema is added to the system message as "
+        "an instruction and sampling stays unconstrained, so a reply may not be valid JSON "
+        "(counted in structured_output_invalid)",
+    )
+    return with_instruction(messages, structured_instruction(structured))
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
 async def complete(gateway: PolicyGateway, body: Any, path_episode: str | None) -> Any:
     """Serve one ``/v1/completions`` body (text or token-id prompt)."""
     request: CompletionRequest = parse_request(CompletionRequest, body)
-    _check_model(gateway, request.model)
-    episode = _episode(gateway, path_episode, request.episode_hint())
+    check_model(gateway, request.model)
+    episode = episode_of(gateway, path_episode, request.episode_hint())
     prompt = _completion_prompt(gateway, request)
     plan = (
         gateway.recorder.plan_tokens(episode, prompt) if episode is not None else CallPlan(prompt_ids=prompt)
@@ -123,7 +215,7 @@ async def complete(gateway: PolicyGateway, body: Any, path_episode: str | None) 
     reason = finish_reason(call.finish, False)
     logprobs = None
     if request.logprobs == 0:
-        tokens = _token_logprobs(gateway, call.generation)
+        tokens = token_logprobs(gateway, call.generation)
         logprobs = {
             "tokens": [t["token"] for t in tokens],
             "token_logprobs": [t["logprob"] for t in tokens],
@@ -143,7 +235,7 @@ async def complete(gateway: PolicyGateway, body: Any, path_episode: str | None) 
 
 
 # -- before generating ------------------------------------------------------------------------------
-def _episode(gateway: PolicyGateway, path_id: str | None, hint: str | None) -> Episode | None:
+def episode_of(gateway: PolicyGateway, path_id: str | None, hint: str | None) -> Episode | None:
     """The call's episode: named by its URL, else by the body (``None``: served, not recorded;
     refused by a training gateway)."""
     episode_id = path_id or hint
@@ -164,7 +256,7 @@ def _episode(gateway: PolicyGateway, path_id: str | None, hint: str | None) -> E
     return gateway.recorder.get(episode_id)
 
 
-def _check_model(gateway: PolicyGateway, model: str) -> None:
+def check_model(gateway: PolicyGateway, model: str) -> None:
     if model != gateway.settings.served_model_name:
         raise RequestError(
             f"the model {model!r} does not exist on this gateway; it serves "
@@ -340,7 +432,7 @@ def _decode(gateway: PolicyGateway, token_ids: list[int]) -> str:
     return gateway.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def _token_logprobs(gateway: PolicyGateway, generation: Generation) -> list[dict[str, Any]]:
+def token_logprobs(gateway: PolicyGateway, generation: Generation) -> list[dict[str, Any]]:
     out = []
     for token_id, logprob in zip(generation.token_ids, generation.logprobs, strict=False):
         token = _decode(gateway, [token_id])
@@ -350,7 +442,7 @@ def _token_logprobs(gateway: PolicyGateway, generation: Generation) -> list[dict
     return out
 
 
-def _pieces(gateway: PolicyGateway, token_ids: list[int], content: str) -> list[str]:
+def pieces(gateway: PolicyGateway, token_ids: list[int], content: str) -> list[str]:
     """``content`` split where the decoded text of a prefix of the tokens ends (token-sized
     stream deltas that join to ``content`` exactly)."""
     cuts = []
@@ -382,10 +474,10 @@ async def _chat_events(
     yield event(delta={"role": "assistant", "content": ""})
     content = reply.content or ""
     if not reply.tool_calls:
-        pieces = _pieces(gateway, call.generation.token_ids, content)
+        deltas = pieces(gateway, call.generation.token_ids, content)
     else:
-        pieces = [content] if content else []
-    for piece in pieces:
+        deltas = [content] if content else []
+    for piece in deltas:
         yield event(delta={"content": piece})
     for index, tool_call in enumerate(openai_tool_calls(reply.tool_calls)):
         yield event(delta={"tool_calls": [{"index": index, **tool_call}]})
@@ -407,7 +499,7 @@ async def _completion_events(
     def event(**fields: Any) -> str:
         return _event(completion_chunk(response_id=completion_id, model=model, **fields))
 
-    for piece in _pieces(gateway, call.generation.token_ids, visible):
+    for piece in pieces(gateway, call.generation.token_ids, visible):
         yield event(text=piece)
     yield event(text="", finish=reason)
     if include_usage:

@@ -2,7 +2,8 @@
 
 Requests are validated strictly, as the OpenAI API does: an unknown parameter, and a parameter the
 gateway cannot honour without changing what the policy samples (``n > 1``, ``logit_bias``,
-penalties, ``top_logprobs``, ``response_format``, a forced tool), is an HTTP 400 with an
+penalties, ``top_logprobs``, ``response_format`` unless the gateway serves it as an instruction, a
+forced tool), is an HTTP 400 with an
 OpenAI-style error body that names every such parameter at once. The sampling the gateway does is
 exactly the rollout backend's: one continuation per call, its tokens and log-probabilities
 recorded for training.
@@ -29,6 +30,7 @@ from agent_r1.mdp import Message, ToolCall
 __all__ = [
     "ChatRequest",
     "CompletionRequest",
+    "ConflictError",
     "GatewayHTTPError",
     "RequestError",
     "canonical_messages",
@@ -40,6 +42,9 @@ __all__ = [
     "finish_reason",
     "openai_tool_calls",
     "parse_request",
+    "structured_format",
+    "structured_instruction",
+    "with_instruction",
 ]
 
 
@@ -91,6 +96,14 @@ class ServerError(GatewayHTTPError):
 
     status = 500
     kind = "server_error"
+
+
+class ConflictError(GatewayHTTPError):
+    """A request on an episode that has ended (HTTP 409): a finished or idle-closed episode id
+    cannot be reopened, rewarded or finished again; a new episode needs a new id."""
+
+    status = 409
+    kind = "conflict_error"
 
 
 def error_body(
@@ -198,13 +211,6 @@ class ChatRequest(_Request):
         problems = super().unsupported()
         if self.top_logprobs:
             problems.append(("top_logprobs", "only the sampled token's log-probability is returned"))
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            problems.append(
-                (
-                    "response_format",
-                    f"{self.response_format.get('type')!r}: the policy is sampled unconstrained",
-                )
-            )
         choice = self.tool_choice
         if isinstance(choice, dict):
             problems.append(
@@ -260,7 +266,7 @@ class CompletionRequest(_Request):
         return prompt
 
 
-def parse_request(kind: type[_Request], data: Any) -> Any:
+def parse_request(kind: type[BaseModel], data: Any) -> Any:
     """Validate a request body; every problem (unknown or unsupported parameters, bad values) is
     gathered into one :class:`RequestError` that names the parameters."""
     if not isinstance(data, dict):
@@ -278,7 +284,7 @@ def parse_request(kind: type[_Request], data: Any) -> Any:
             parts.append(f"{where}: {error['msg']}")
         first = unknown[0] if unknown else ".".join(str(p) for p in other[0].get("loc", ()))
         raise RequestError("; ".join(parts), param=first or None, code="invalid_parameter") from None
-    problems = request.unsupported()
+    problems = request.unsupported()  # type: ignore[attr-defined]
     if problems:
         names = ", ".join(name for name, _ in problems)
         details = "; ".join(why for _, why in problems)
@@ -288,6 +294,66 @@ def parse_request(kind: type[_Request], data: Any) -> Any:
             code="unsupported_parameter",
         )
     return request
+
+
+# --------------------------------------------------------------------------------------------
+# Structured output
+# --------------------------------------------------------------------------------------------
+
+
+def structured_format(value: Any, param: str) -> dict[str, Any] | None:
+    """A request's output format (chat ``response_format``, or the Responses API's ``text.format``)
+    in one form: ``None`` for plain text, else ``{"type": "json_object" | "json_schema", "name",
+    "schema", "param"}``. Raises :class:`RequestError` naming ``param`` for a malformed one."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(f"{param} must be an object such as {{'type': 'text'}}", param=param)
+    kind = value.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object", "name": None, "schema": None, "param": param}
+    if kind != "json_schema":
+        raise RequestError(
+            f"{param}.type: {kind!r} is not one of 'text', 'json_object', 'json_schema'",
+            param=f"{param}.type",
+        )
+    # chat nests the schema under json_schema; the Responses API puts it beside type
+    spec = value.get("json_schema") if "json_schema" in value else value
+    where = f"{param}.json_schema" if "json_schema" in value else param
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError(f"{where}.schema must be a JSON schema object", param=f"{where}.schema")
+    name = spec.get("name")
+    return {
+        "type": "json_schema",
+        "name": name if isinstance(name, str) else None,
+        "schema": spec["schema"],
+        "param": param,
+    }
+
+
+def structured_instruction(structured: dict[str, Any]) -> str:
+    """The instruction the ``prompted`` structured-output mode adds to the system message."""
+    ending = "Reply with the JSON object alone: no code fence, no text before or after it."
+    if structured["type"] == "json_object":
+        return f"Answer with one JSON object. {ending}"
+    name = f" {structured['name']!r}" if structured.get("name") else ""
+    schema = json.dumps(structured["schema"], ensure_ascii=False, sort_keys=True)
+    return f"Answer with one JSON object that follows the JSON schema{name} below. {ending}\n{schema}"
+
+
+def with_instruction(messages: list[Message], instruction: str) -> list[Message]:
+    """``messages`` with ``instruction`` at the end of the first system message (one is added in
+    front when there is none). The same request always gives the same conversation, so a later
+    call of the episode still extends the earlier call's tokens."""
+    out = [dict(message) for message in messages]
+    if out and out[0].get("role") == "system":
+        existing = out[0].get("content") or ""
+        out[0]["content"] = f"{existing}\n\n{instruction}" if existing else instruction
+    else:
+        out.insert(0, {"role": "system", "content": instruction})
+    return out
 
 
 # --------------------------------------------------------------------------------------------

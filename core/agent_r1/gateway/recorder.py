@@ -28,6 +28,16 @@ trajectory id; later ones get ``~seg1``, ``~seg2``...
 final answer on its last step (so outcome reward shapers score each segment by the episode's
 outcome), the rewards posted for the episode (outcome rewards on every segment, a process reward
 on the segment and turn of the call it names), the termination, and per-trajectory metrics.
+
+**Ended ids.** An episode id that has ended (finished, or closed by :meth:`EpisodeRecorder.close_idle`
+after a time without activity) is never opened again: a call, reward, show, finish or open on it is
+a :class:`~agent_r1.gateway.protocol.ConflictError` (HTTP 409) saying how and when it ended, so
+that no output holds one trajectory id twice. The recorder remembers the ``FINISHED_IDS_KEPT`` most
+recently ended ids.
+
+**Activity.** Every call, reward and show marks its episode active. A call holds its episode for
+the whole HTTP request (:meth:`EpisodeRecorder.request_scope`), however the request ends, so an
+episode is never closed for idleness while one of its calls is generating.
 """
 
 from __future__ import annotations
@@ -36,13 +46,16 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent_r1.contracts import Generation
 from agent_r1.errors import AgentR1Error, TrajectoryError
-from agent_r1.gateway.protocol import NotFoundError, RequestError, UnavailableError
+from agent_r1.gateway.protocol import ConflictError, NotFoundError, RequestError
 from agent_r1.gateway.tools import ParsedReply, ToolRendering
 from agent_r1.mdp import (
     Action,
@@ -58,7 +71,15 @@ from agent_r1.mdp import (
 )
 from agent_r1.rollout.chat import ChatRenderer
 
-__all__ = ["CallPlan", "CallRecord", "Episode", "EpisodeRecorder"]
+__all__ = ["FINISHED_IDS_KEPT", "CallPlan", "CallRecord", "Episode", "EpisodeRecorder"]
+
+FINISHED_IDS_KEPT = 100_000
+"""How many ended episode ids a recorder remembers (the most recent ones) to refuse their reuse.
+Each costs about 250 bytes, so the record stays under 30 MB however long a server runs; an id
+that ended more than this many episodes ago is unknown again and would open a new episode."""
+
+_HELD: ContextVar[list[Episode] | None] = ContextVar("agent_r1_gateway_held_episodes", default=None)
+"""The episodes the current HTTP request holds (see :meth:`EpisodeRecorder.request_scope`)."""
 
 
 @dataclass
@@ -127,12 +148,25 @@ class Episode:
     answer: str | None = None
     finished: bool = False
     created: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.monotonic)
+    """When its latest call, reward or show happened (``time.monotonic``; a call counts when it
+    starts and when it ends)."""
+    calls_running: int = 0
+    """HTTP requests holding the episode now; an episode is never closed for idleness while above 0."""
     counters: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, name: str, by: float = 1.0) -> None:
         """Add to one of the episode's counters (timeouts, failed calls...)."""
         self.counters[name] = self.counters.get(name, 0.0) + by
+
+
+class _Ended(NamedTuple):
+    """How an episode id ended: ``at`` (``time.monotonic``), and the time it had been idle when
+    :meth:`EpisodeRecorder.close_idle` closed it (``None``: finished)."""
+
+    at: float
+    idle_s: float | None = None
 
 
 def _message_key(message: Message) -> tuple[Any, ...]:
@@ -150,11 +184,22 @@ class EpisodeRecorder:
     docstring). ``open_on_demand``: an unknown episode id on a call opens it (standalone server);
     otherwise only episodes opened with :meth:`open` are served (training)."""
 
-    def __init__(self, renderer: ChatRenderer, rendering: ToolRendering, *, open_on_demand: bool) -> None:
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        rendering: ToolRendering,
+        *,
+        open_on_demand: bool,
+        remember_ended: int = FINISHED_IDS_KEPT,
+    ) -> None:
         self.renderer = renderer
         self.rendering = rendering
         self.open_on_demand = open_on_demand
+        self.remember_ended = remember_ended
         self._episodes: dict[str, Episode] = {}
+        self._ended: OrderedDict[str, _Ended] = OrderedDict()
+        # One lock for the episode table, the ended ids and every episode's activity fields; an
+        # episode's own lock may be taken inside it, never the other way round.
         self._lock = threading.Lock()
         self._header_ids = renderer.encode(renderer.header_text)
 
@@ -170,11 +215,13 @@ class EpisodeRecorder:
         policy_version: int = 0,
     ) -> Episode:
         """Open an episode (a fresh id when none is given); raises :class:`RequestError` when the
-        id is taken."""
+        id is open and :class:`ConflictError` when it has ended."""
         episode_id = episode_id or f"ep-{uuid.uuid4().hex[:16]}"
         with self._lock:
             if episode_id in self._episodes:
                 raise RequestError(f"episode {episode_id!r} is already open", param="id")
+            if episode_id in self._ended:
+                raise self._ended_error(episode_id, param="id")
             episode = Episode(
                 id=episode_id,
                 trajectory_id=trajectory_id or episode_id,
@@ -188,32 +235,111 @@ class EpisodeRecorder:
         return episode
 
     def get(self, episode_id: str) -> Episode:
-        """The open episode ``episode_id`` for a call (opened now when ``open_on_demand``); raises
-        :class:`NotFoundError`."""
+        """The open episode ``episode_id`` for a call (opened now when ``open_on_demand``), held
+        until the current request ends (:meth:`request_scope`); raises :class:`ConflictError` when
+        the id has ended and :class:`NotFoundError` when it is unknown."""
         with self._lock:
             episode = self._episodes.get(episode_id)
-        if episode is not None:
-            return episode
-        if self.open_on_demand:
-            try:
-                return self.open(episode_id)
-            except RequestError:  # opened by a concurrent call in the meantime
-                return self.find(episode_id)
-        return self.find(episode_id)
+            if episode is None and self.open_on_demand and episode_id not in self._ended:
+                episode = Episode(id=episode_id, trajectory_id=episode_id, task_id=episode_id)
+                self._episodes[episode_id] = episode
+            if episode is None:
+                raise self._missing(episode_id)
+            episode.last_active = time.monotonic()
+            held = _HELD.get()
+            if held is not None:
+                held.append(episode)
+                episode.calls_running += 1
+        return episode
 
     def find(self, episode_id: str) -> Episode:
-        """The open episode ``episode_id``; raises :class:`NotFoundError`."""
+        """The open episode ``episode_id`` (marked active: a show, reward or finish); raises
+        :class:`ConflictError` when the id has ended and :class:`NotFoundError` when it is unknown."""
         with self._lock:
             episode = self._episodes.get(episode_id)
-        if episode is None:
-            raise NotFoundError(
-                f"unknown episode {episode_id!r}: no open episode has this id (in training, the trainer "
-                "opens each episode before its agent starts and closes it when the agent exits; is the "
-                "agent using the OPENAI_BASE_URL it was given, within its timeout?)",
-                param="episode",
-                code="unknown_episode",
-            )
+            if episode is None:
+                raise self._missing(episode_id)
+            episode.last_active = time.monotonic()
         return episode
+
+    @contextmanager
+    def request_scope(self) -> Iterator[None]:
+        """Run one HTTP request inside this: every episode :meth:`get` hands out within it counts
+        as running a call until the request ends, however it ends (answered, refused, timed out,
+        the client gone), and is marked active then. The gateway wraps every request in it."""
+        held: list[Episode] = []
+        token = _HELD.set(held)
+        try:
+            yield
+        finally:
+            _HELD.reset(token)
+            now = time.monotonic()
+            with self._lock:
+                for episode in held:
+                    episode.calls_running -= 1
+                    episode.last_active = now
+
+    def close_idle(
+        self, idle_s: float, *, now: float | None = None
+    ) -> list[tuple[Episode, list[Trajectory]]]:
+        """Close every open episode that runs no call and has had no activity for ``idle_s``
+        seconds at ``now`` (``time.monotonic()`` by default): its trajectories carry an error, so
+        they are never trained on, and end with ``idle_timeout``; its id is refused from then on.
+        Returns the closed episodes with their trajectories."""
+        now = time.monotonic() if now is None else now
+        closing: list[tuple[Episode, float]] = []
+        with self._lock:
+            for episode in list(self._episodes.values()):
+                idle = now - episode.last_active
+                if episode.calls_running > 0 or idle < idle_s:
+                    continue
+                with episode.lock:
+                    episode.finished = True
+                del self._episodes[episode.id]
+                self._remember(episode.id, _Ended(time.monotonic(), idle))
+                closing.append((episode, idle))
+        closed = []
+        for episode, idle in closing:
+            error = (
+                f"episode {episode.id!r} was closed after {idle:.1f} s idle (no call, reward or show; the "
+                f"gateway's limit is {idle_s:g} s) before it was finished"
+            )
+            closed.append((episode, self.assemble(episode, error=error, termination="idle_timeout")))
+        return closed
+
+    def _remember(self, episode_id: str, ended: _Ended) -> None:
+        """Record an ended id (under ``self._lock``), forgetting the oldest beyond the bound."""
+        self._ended[episode_id] = ended
+        while len(self._ended) > self.remember_ended:
+            self._ended.popitem(last=False)
+
+    def _missing(self, episode_id: str) -> ConflictError | NotFoundError:
+        """The error for an id with no open episode (under ``self._lock``)."""
+        if episode_id in self._ended:
+            return self._ended_error(episode_id, param="episode")
+        return NotFoundError(
+            f"unknown episode {episode_id!r}: no open episode has this id (in training, the trainer "
+            "opens each episode before its agent starts and closes it when the agent exits; is the "
+            "agent using the OPENAI_BASE_URL it was given, within its timeout?)",
+            param="episode",
+            code="unknown_episode",
+        )
+
+    def _ended_error(self, episode_id: str, *, param: str | None) -> ConflictError:
+        """Why ``episode_id`` takes no more requests (under ``self._lock``)."""
+        ended = self._ended[episode_id]
+        ago = f"{time.monotonic() - ended.at:.1f} s ago"
+        reuse = "an episode id is used once: start a new episode with a new id"
+        if ended.idle_s is None:
+            return ConflictError(
+                f"episode {episode_id!r} was finished {ago}; {reuse}", param=param, code="episode_finished"
+            )
+        return ConflictError(
+            f"episode {episode_id!r} was closed {ago} after {ended.idle_s:.1f} s idle (no call, reward or "
+            f"show in that time) and counted as failed; {reuse}",
+            param=param,
+            code="episode_idle_closed",
+        )
 
     def open_ids(self) -> list[str]:
         """The ids of the open episodes."""
@@ -315,7 +441,7 @@ class EpisodeRecorder:
         finish_reason: str | None = None,
     ) -> CallRecord:
         """Record a generated call and append it to its segment (see the module docstring). Raises
-        :class:`UnavailableError` when the episode was finished meanwhile, and
+        :class:`ConflictError` when the episode was finished meanwhile, and
         :class:`~agent_r1.errors.TrajectoryError` if the segment's tokens would not be exactly
         ``prompt + completion`` (a bug, never expected)."""
         ids = list(generation.token_ids)
@@ -333,9 +459,10 @@ class EpisodeRecorder:
         reply_message = _reply_message(reply)
         with episode.lock:
             if episode.finished:
-                raise UnavailableError(
+                raise ConflictError(
                     f"episode {episode.id!r} was finished while this call was generating; its result is not "
                     "recorded",
+                    param="episode",
                     code="episode_finished",
                 )
             chain_index, turn = self._segment_for(episode, plan)
@@ -396,7 +523,11 @@ class EpisodeRecorder:
         by ``completion_id`` (the response id)."""
         with episode.lock:
             if episode.finished:
-                raise RequestError(f"episode {episode.id!r} is finished; post rewards before it ends")
+                raise ConflictError(
+                    f"episode {episode.id!r} ended while this reward was posted; post rewards before it ends",
+                    param="episode",
+                    code="episode_finished",
+                )
             if completion_id is not None and all(c.completion_id != completion_id for c in episode.calls):
                 raise RequestError(
                     f"episode {episode.id!r} has no call with completion id {completion_id!r}",
@@ -414,14 +545,24 @@ class EpisodeRecorder:
         termination: str | None = None,
         metrics: Mapping[str, float] | None = None,
     ) -> list[Trajectory]:
-        """Close the episode (later calls are refused) and return its trajectories, one per
-        segment, in order. ``error`` marks every segment as failed (never trained on)."""
-        with episode.lock:
-            episode.finished = True
-            if answer is not None:
-                episode.answer = answer
+        """Close the episode (later requests on its id get HTTP 409) and return its trajectories, one
+        per segment, in order. ``error`` marks every segment as failed (never trained on). Raises
+        :class:`ConflictError` when the episode has already ended (finished, or closed for
+        idleness), so that its trajectories are handed out once."""
         with self._lock:
-            self._episodes.pop(episode.id, None)
+            with episode.lock:
+                if episode.finished:
+                    if episode.id in self._ended:
+                        raise self._ended_error(episode.id, param="episode")
+                    raise ConflictError(
+                        f"episode {episode.id!r} has already ended", param="episode", code="episode_finished"
+                    )
+                episode.finished = True
+                if answer is not None:
+                    episode.answer = answer
+            if self._episodes.get(episode.id) is episode:
+                del self._episodes[episode.id]
+            self._remember(episode.id, _Ended(time.monotonic()))
         return self.assemble(episode, error=error, termination=termination, metrics=metrics)
 
     def assemble(

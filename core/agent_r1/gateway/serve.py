@@ -4,7 +4,9 @@ Loads the policy as a run config says (``--config``, with ``--model`` for ``mode
 config the defaults apply: the ``hf`` backend, the model's own chat template, ``hermes`` tool
 calls), builds the configured rollout backend and serves it until interrupted. Episodes open on
 their first call (``/episodes/{id}/v1/...``, ``metadata.episode_id`` or ``user``); ``POST
-/episodes/{id}/finish`` closes one and appends its trajectories to ``--out``.
+/episodes/{id}/finish`` closes one and appends its trajectories to ``--out``. An episode with no
+call, reward or show for ``--episode-idle-s`` (900 s by default; 0: never) is closed as failed and
+appended too; a finished or closed id is never reopened (HTTP 409).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ def serve_policy(
     max_new_tokens: int | None = None,
     max_context: int | None = None,
     out: Path | None = None,
+    episode_idle_s: float | None = 900.0,
 ) -> None:
     """Load the policy and serve it (see the module docstring). Everything that can be checked
-    without the model (config, components, packages) is checked before it loads."""
+    without the model (config, components, packages) is checked before it loads.
+    ``episode_idle_s``: ``None`` or 0 never closes idle episodes."""
     from agent_r1.gateway.server import GatewaySettings, PolicyGateway, require_server_packages
     from agent_r1.gateway.training import served_model_name as default_name
 
@@ -50,6 +54,12 @@ def serve_policy(
     fmt = tool_call_format(gateway_config.tool_call_format, get_registry())
     if out is not None and out.exists() and out.is_dir():
         raise AgentR1Error(f"--out {out} is a directory; give a JSONL file to append trajectories to")
+    if episode_idle_s is not None and episode_idle_s < 0:
+        raise AgentR1Error(
+            f"--episode-idle-s {episode_idle_s:g} is negative; give the seconds after which an idle "
+            "episode is closed, or 0 to never close one"
+        )
+    idle_s = episode_idle_s or None
 
     from agent_r1.models.loading import load_policy, pick_device
     from agent_r1.rollout.templates import apply_chat_template_config
@@ -70,13 +80,16 @@ def serve_policy(
             request_timeout_s=gateway_config.request_timeout_s,
             batch_wait_s=gateway_config.batch_wait_s,
             open_on_demand=True,
+            structured_output=gateway_config.structured_output,
             out=out,
+            episode_idle_s=idle_s,
         ),
     )
     print(
         f"agent-r1 policy gateway: model {name!r} ({backend.name} backend, {fmt.name} tool calls) at "
         f"http://{host}:{port}/v1 ; per episode: http://{host}:{port}/episodes/<id>/v1"
-        + (f" ; finished episodes go to {out}" if out else ""),
+        + (f" ; finished episodes go to {out}" if out else "")
+        + (f" ; episodes idle for {idle_s:g} s are closed as failed" if idle_s else ""),
         file=sys.stderr,
         flush=True,
     )

@@ -1,7 +1,8 @@
 """The policy gateway: an OpenAI-compatible HTTP server in front of a rollout backend.
 
 :class:`PolicyGateway` serves ``/v1/chat/completions`` (tools and tool calls in the OpenAI format,
-streaming), ``/v1/completions`` and ``/v1/models`` on FastAPI + uvicorn (``pip install
+streaming), ``/v1/responses`` (the Responses API, :mod:`agent_r1.gateway.responses`),
+``/v1/completions`` and ``/v1/models`` on FastAPI + uvicorn (``pip install
 agent-r1[gateway]``), and records every call of every episode for training
 (:mod:`agent_r1.gateway.recorder`). A call belongs to an episode named by its URL
 (``/episodes/{id}/v1/...``, what agent programs get as ``OPENAI_BASE_URL``), or by the request's
@@ -10,7 +11,11 @@ agent-r1[gateway]``), and records every call of every episode for training
 Episode endpoints: ``POST /episodes`` opens one (standalone server), ``GET /episodes/{id}`` shows
 its calls and trajectories so far, ``POST /episodes/{id}/reward`` adds a reward signal,
 ``POST /episodes/{id}/finish`` closes it and returns its trajectories (written to the server's
-``--out`` file too). ``GET /health`` reports the state.
+``--out`` file too). ``GET /health`` reports the state. An episode id is used once: a request on a
+finished id is answered HTTP 409, and with ``episode_idle_s`` set, an episode with no call, reward
+or show for that long is closed as failed (a sweep thread wakes at most every
+``min(episode_idle_s / 4, 5)`` s, and every request sweeps first; see
+:meth:`PolicyGateway.close_idle`).
 
 Streaming (``stream: true``) follows the OpenAI server-sent-event format; the chunks are sent when
 the generation is complete (the rollout backend contract returns whole generations).
@@ -38,6 +43,7 @@ from typing import Any
 from agent_r1.contracts import RolloutBackend, SamplingParams, ToolCallFormat
 from agent_r1.errors import AgentR1Error
 from agent_r1.gateway.recorder import Episode, EpisodeRecorder
+from agent_r1.gateway.responses import ResponseStore
 from agent_r1.gateway.scheduler import GenerationScheduler
 from agent_r1.gateway.tools import ToolRendering
 from agent_r1.mdp import Trajectory, save_trajectories
@@ -73,6 +79,21 @@ class GatewaySettings:
     open_on_demand: bool = True
     out: Path | None = None
     """JSONL file that finished episodes' trajectories are appended to (standalone server)."""
+    structured_output: str = "refuse"
+    """``refuse``: a ``response_format`` / ``text.format`` asking for JSON is an HTTP 400;
+    ``prompted``: it is served as an instruction added to the system message (sampling stays
+    unconstrained)."""
+    episode_idle_s: float | None = None
+    """Close an open episode after this many seconds without a call, reward or show, as failed
+    (``None``: never). ``agent-r1 serve-policy`` sets 900 s; a training gateway leaves it off, as
+    the trainer finishes every episode when its program exits or is killed at its timeout."""
+
+    def __post_init__(self) -> None:
+        if self.episode_idle_s is not None and not self.episode_idle_s > 0:
+            raise AgentR1Error(
+                f"episode_idle_s must be a positive number of seconds (or None to never close idle "
+                f"episodes); got {self.episode_idle_s!r}"
+            )
 
 
 class PolicyGateway:
@@ -98,6 +119,8 @@ class PolicyGateway:
         self.rendering = ToolRendering(self.renderer, fmt)
         self.recorder = EpisodeRecorder(self.renderer, self.rendering, open_on_demand=settings.open_on_demand)
         self.scheduler = GenerationScheduler(backend, batch_wait_s=settings.batch_wait_s)
+        self.responses = ResponseStore()
+        """Responses API responses kept for ``previous_response_id``."""
         if not settings.open_on_demand:  # a trainer's gateway takes calls during its rollouts only
             self.scheduler.pause()
         self.rollout_sampling: SamplingParams | None = None
@@ -110,6 +133,9 @@ class PolicyGateway:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._out_lock = threading.Lock()
+        self._counter_lock = threading.Lock()
+        self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()
         self.app = self._build_app()
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -133,6 +159,7 @@ class PolicyGateway:
             time.sleep(0.01)
         bound = self._server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://{host}:{bound}"
+        self._start_sweeper()
         return self.url
 
     def serve(self, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -140,16 +167,21 @@ class PolicyGateway:
         import uvicorn
 
         self.url = f"http://{host}:{port}"
-        uvicorn.run(self.app, host=host, port=port, log_level="info", lifespan="off")
-        self.scheduler.close()
+        self._start_sweeper()
+        try:
+            uvicorn.run(self.app, host=host, port=port, log_level="info", lifespan="off")
+        finally:
+            self._stop_sweeper()
+            self.scheduler.close()
 
     def stop(self) -> None:
-        """Stop serving and the generation worker (idempotent)."""
+        """Stop serving, the idle sweep and the generation worker (idempotent)."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        self._stop_sweeper()
         self.scheduler.close()
 
     def episode_url(self, episode_id: str) -> str:
@@ -157,6 +189,71 @@ class PolicyGateway:
         if self.url is None:
             raise AgentR1Error("the policy gateway is not running: call start() first")
         return f"{self.url}/episodes/{episode_id}/v1"
+
+    # -- idle episodes ----------------------------------------------------------------------------
+    def close_idle(self, *, now: float | None = None) -> list[str]:
+        """Close the episodes idle for ``settings.episode_idle_s`` at ``now`` (``time.monotonic()``
+        by default; see :meth:`EpisodeRecorder.close_idle`): counted in ``idle_closed``, appended
+        to ``settings.out`` like finished episodes, and noted once on stderr. Returns their ids;
+        nothing when the setting is off."""
+        idle_s = self.settings.episode_idle_s
+        if idle_s is None:
+            return []
+        closed = self.recorder.close_idle(idle_s, now=now)
+        for _ in closed:
+            self.count("idle_closed")
+        for episode, trajectories in closed:
+            if episode.calls:  # as POST /finish: an episode without calls has nothing to keep
+                self.save_finished(trajectories)
+        if closed:
+            where = " and written to --out" if self.settings.out is not None else ""
+            self.notice(
+                "idle_closed",
+                f"episode {closed[0][0].id!r} had no call, reward or show for {idle_s:g} s and was closed "
+                f"as failed (termination 'idle_timeout'; its trajectories carry the error{where}); a later "
+                "request on its id gets HTTP 409. /health counts such episodes in counters.idle_closed; "
+                "--episode-idle-s sets the limit. This note is shown once.",
+            )
+        return [episode.id for episode, _ in closed]
+
+    def _sweep(self) -> None:
+        """:meth:`close_idle`, for the sweep thread and each request: a failure (the ``--out``
+        file cannot be written) is counted in ``idle_close_errors`` and printed, so that neither
+        the sweep nor the request that triggered it dies of it."""
+        try:
+            self.close_idle()
+        except Exception as exc:
+            self.count("idle_close_errors")
+            print(
+                f"policy gateway: closing idle episodes failed ({type(exc).__name__}: {exc}); the "
+                "trajectories of the episodes it closed may be missing from --out",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _start_sweeper(self) -> None:
+        """Start the thread that closes idle episodes (when ``episode_idle_s`` is set): it sleeps
+        ``min(episode_idle_s / 4, 5)`` s between sweeps, so an episode closes at most that late."""
+        idle_s = self.settings.episode_idle_s
+        if idle_s is None or self._sweeper is not None:
+            return
+        wake_s = min(idle_s / 4, 5.0)
+        self._stop_sweeping.clear()
+
+        def sweep_until_stopped() -> None:
+            while not self._stop_sweeping.wait(wake_s):
+                self._sweep()
+
+        self._sweeper = threading.Thread(
+            target=sweep_until_stopped, name="agent-r1-gateway-idle", daemon=True
+        )
+        self._sweeper.start()
+
+    def _stop_sweeper(self) -> None:
+        self._stop_sweeping.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=30)
+            self._sweeper = None
 
     # -- training ---------------------------------------------------------------------------------
     def begin_rollout(self, sampling: SamplingParams, *, seed: int | None = None) -> None:
@@ -196,7 +293,8 @@ class PolicyGateway:
     # -- state the handlers share -----------------------------------------------------------------
     def count(self, name: str) -> None:
         """Add one to the counter ``name`` (reported by ``/health`` and :meth:`end_rollout`)."""
-        self.counters[name] = self.counters.get(name, 0.0) + 1
+        with self._counter_lock:  # the sweep thread counts too
+            self.counters[name] = self.counters.get(name, 0.0) + 1
 
     def notice(self, key: str, message: str) -> None:
         """Print a message once per gateway (behaviour a client may not expect)."""
@@ -225,4 +323,25 @@ class PolicyGateway:
     def _build_app(self) -> Any:
         from agent_r1.gateway.app import build_app
 
-        return build_app(self)
+        app = build_app(self)
+        app.add_middleware(_EpisodeActivity, gateway=self)
+        return app
+
+
+class _EpisodeActivity:
+    """ASGI middleware around the gateway's app: before each request, the idle episodes are
+    closed (so a call on one is refused, whenever the sweep thread last ran); during it, the
+    episodes it uses are held (:meth:`EpisodeRecorder.request_scope`), so that a call is never
+    cut off by an idle close, however long it generates or however it ends."""
+
+    def __init__(self, app: Any, gateway: PolicyGateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.gateway._sweep()
+        with self.gateway.recorder.request_scope():
+            await self.app(scope, receive, send)

@@ -101,6 +101,7 @@ def gateway_for(session: Any) -> PolicyGateway:
             request_timeout_s=settings.request_timeout_s,
             batch_wait_s=settings.batch_wait_s,
             open_on_demand=False,
+            structured_output=settings.structured_output,
         ),
     )
     gateway.start(settings.host, settings.port)
