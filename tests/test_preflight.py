@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from storage_helpers import small_tmpfs
-from trainer_helpers import toy_config, write_tiny_checkpoint
+from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
+from typer.testing import CliRunner
 
 from agent_r1.config import RunConfig, validate_components
 from agent_r1.run.preflight import PreflightError, PreflightReport, preflight
@@ -155,16 +156,34 @@ def test_component_check_hook_reports_failures_and_warnings(
     components = validate_components(config, registry)
     env = next(c for c in components if c.path == "environment")
 
+    built = []
+
     class CheckedEnv(env.cls):  # type: ignore[misc,name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built.append(self)
+            super().__init__(*args, **kwargs)
+
         @classmethod
         def check(cls, config: Any) -> list[str]:
             warnings.warn("the corpus index is stale; it will be rebuilt", stacklevel=1)
-            return ["corpus 'wiki' is empty (0 passages in /data/wiki.jsonl)"]
+            return [
+                "corpus 'wiki' is empty (0 passages in /data/wiki.jsonl)",
+                "server 'search' does not answer",
+            ]
 
     env.cls = CheckedEnv
     report = preflight(config, components)
-    assert "environment (toy_single_turn): corpus 'wiki' is empty" in _messages(report, "component", "fail")
+    failures = [c.message for c in report.failures if c.name == "component"]
+    assert failures == [  # one failure per problem
+        "environment (toy_single_turn): corpus 'wiki' is empty (0 passages in /data/wiki.jsonl)",
+        "environment (toy_single_turn): server 'search' does not answer",
+    ]
     assert "the corpus index is stale" in _messages(report, "component", "warn")
+    # the environment is not built again to meet the same problems in the prompt check
+    assert built == []
+    assert "not checked: the environment (toy_single_turn) failed its own check" in _messages(
+        report, "prompts", "warn"
+    )
 
 
 def test_missing_tokenizer_and_truncated_weights_fail_without_loading(registry: Any, tmp_path: Path) -> None:
@@ -217,3 +236,92 @@ def test_skipped_checks_do_not_run(registry: Any, model_dir: Path, tmp_path: Pat
     skipped = preflight(config, validate_components(config, registry), skip=("prompts", "output"))
     assert {c.name for c in report.checks} - {c.name for c in skipped.checks} == {"prompts", "output"}
     assert skipped.ok and not report.ok
+
+
+# --------------------------------------------------------------------------------------------
+# tools: what the environment offers is in the rendered prompt
+# --------------------------------------------------------------------------------------------
+
+PLAIN_CHATML = (  # SmolLM2's kind of template: no tools section, so the tools argument is dropped
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _calculator_config(model_dir: Path, run_dir: Path, **environment: Any) -> dict[str, Any]:
+    return toy_config(
+        model_dir,
+        run_dir,
+        data={"name": "arithmetic", "num_train": 4, "num_eval": 2},
+        environment={"name": "tool_env", "tools": ["calculator"], "format": "hermes", **environment},
+        rewards=[{"name": "answer_match", "weight": 1.0}],
+        rollout={"max_turns": 2, "max_context": 1024},
+    )
+
+
+def _check(config: Path, *overrides: str) -> tuple[int, list[dict[str, str]]]:
+    """``agent-r1 check CONFIG OVERRIDES --json``, in-process: the exit code and the checks."""
+    from agent_r1.cli import app
+
+    result = CliRunner().invoke(app, ["check", str(config), *overrides, "--json"])
+    assert result.exit_code in (0, 2), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_check_refuses_tools_that_the_chat_template_leaves_out(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    raw = _calculator_config(model_dir, tmp_path / "run")
+    raw["model"]["chat_template"] = PLAIN_CHATML
+    config = write_config(tmp_path / "run.yaml", raw)
+
+    code, checks = _check(config)
+    assert code == 2
+    [failure] = [c for c in checks if c["status"] == "fail"]
+    assert failure["name"] == "tools"
+    message = failure["message"]
+    assert message.startswith(
+        "environment (tool_env): the first train prompt, rendered with model.chat_template (the template "
+        f"text) (model.path={str(model_dir)!r}), does not show the tool(s) 'calculator': format 'hermes' "
+        "hands their schemas to the chat template, which ignores its tools argument, so the model would "
+        "never call them."
+    )
+    for fix in ("environment.tool_schemas: system", "environment.format: tags", "model.chat_template: a"):
+        assert fix in message
+    assert not (tmp_path / "run").exists()
+
+    # the first fix: the environment writes the schemas into the system message
+    code, checks = _check(config, "environment.tool_schemas=system")
+    assert code == 0, [c for c in checks if c["status"] != "ok"]
+    assert {
+        "name": "tools",
+        "status": "ok",
+        "message": (
+            "environment (tool_env): the first prompt shows its 1 tool (the system message names them)"
+        ),
+    } in checks
+    # the third: a template that renders tools (the tiny model's own, Qwen2.5-style)
+    del raw["model"]["chat_template"]
+    code, checks = _check(write_config(tmp_path / "own.yaml", raw))
+    assert code == 0
+    assert "(the chat template renders their schemas)" in " ".join(
+        c["message"] for c in checks if c["name"] == "tools"
+    )
+
+
+def test_tools_a_system_message_leaves_unnamed_fail(registry: Any, model_dir: Path, tmp_path: Path) -> None:
+    raw = _calculator_config(model_dir, tmp_path / "run", format="tags", include_format_instructions=False)
+    config = RunConfig.model_validate(raw)
+    report = preflight(config, validate_components(config, registry))
+    assert "format 'tags' describes tools in the system message, but it does not name them" in _messages(
+        report, "tools", "fail"
+    )
+    assert "include_format_instructions: true" in _messages(report, "tools", "fail")
+    # a tool called by a tag alias is shown by its tag (the calculator environment's <calc>)
+    raw = _calculator_config(
+        model_dir, tmp_path / "run", format={"name": "tags", "tool_tags": {"calculator": "calc"}}
+    )
+    config = RunConfig.model_validate(raw)
+    report = preflight(config, validate_components(config, registry))
+    assert report.ok, report.as_dicts()
+    assert "shows its 1 tool (" in _messages(report, "tools", "ok")

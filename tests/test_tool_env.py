@@ -338,6 +338,38 @@ def test_reset_gives_tool_schemas_when_the_format_uses_the_template(registry: Re
     )
 
 
+def test_tool_schemas_system_writes_the_schemas_into_the_system_message(registry: Registry) -> None:
+    env = make_env(tools=["echo", "nap"], format="hermes", tool_schemas="system", system_prompt="Be brief.")
+    start = asyncio.run(env.reset(TASK))
+    assert start.tools == []  # nothing for the chat template to drop
+    system = start.messages[0]["content"]
+    assert system.startswith(
+        "Be brief.\n\n# Tools\nYou may call one or more of these tools (JSON schemas):\n"
+    )
+    lines = system.splitlines()
+    for tool in (Echo, Nap):  # each schema whole, as JSON on a line of its own
+        assert (
+            json.loads(next(line for line in lines if f'"name": "{tool.name}"' in line))
+            == (tool.schema()["function"])
+        )
+    # an example written exactly as the format parses it, then the answer convention
+    example = system.split("To call a tool, write:\n", 1)[1].split("\nWhen you have", 1)[0]
+    [call] = env.format.parse(example, env.tool_classes).tool_calls
+    assert (call.name, call.arguments) == ("echo", {"text": "..."})
+    assert system.endswith("When you have the final answer, write it as <answer>answer</answer>.")
+    # the calls the model writes are read as before
+    _, observation = step(env, '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>')
+    assert observation.tool_results[0].content == "hi"
+    # a format that describes its tools itself has nothing to move: tags is the same either way
+    tags = [
+        asyncio.run(make_env(tools=["echo"], tool_schemas=where).reset(TASK))
+        for where in ("system", "template")
+    ]
+    assert tags[0].messages == tags[1].messages and tags[0].tools == tags[1].tools == []
+    with pytest.raises(ValidationError, match="tool_schemas"):
+        ToolEnv.Config.model_validate({"tools": ["echo"], "tool_schemas": "prompt"})
+
+
 # --------------------------------------------------------------------------------------------
 # step: calls
 # --------------------------------------------------------------------------------------------

@@ -120,6 +120,36 @@ def _excerpt(text: str, limit: int = 40) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
 
 
+def example_call(fmt: ToolCallFormat, tool: type[Tool]) -> str:
+    """A call of ``tool`` written in ``fmt``, each required argument given as ``"..."``; empty when
+    the format cannot write calls."""
+    required = [name for name, info in tool.Arguments.model_fields.items() if info.is_required()]
+    call = ToolCall(id="example", name=tool.name, arguments={name: "..." for name in required})
+    try:
+        return fmt.render_call(call, {tool.name: tool})
+    except (NotImplementedError, KeyError):  # a format that cannot write calls gets no example
+        return ""
+
+
+def tool_schemas_text(fmt: ToolCallFormat, tools: Sequence[type[Tool]]) -> str:
+    """System-message text that shows ``tools`` to a model whose chat template cannot: a
+    ``# Tools`` heading, each tool's JSON schema (the ``function`` part of its ``schema()``), an
+    example call written in ``fmt`` and the format's own instructions. For a format that describes
+    its tools itself (``tools_in_template`` false, e.g. ``tags``), its instructions as they are.
+
+    ``tool_env`` writes it with ``tool_schemas: system``; the policy gateway writes the same block
+    for templates without tool support. Raises ``ValueError`` when the format refuses the tools."""
+    if not fmt.tools_in_template or not tools:
+        return fmt.instructions(list(tools))
+    lines = ["# Tools", "You may call one or more of these tools (JSON schemas):"]
+    lines += [json.dumps(tool.schema()["function"], ensure_ascii=False) for tool in tools]
+    example = example_call(fmt, tools[0])
+    if example:
+        lines += ["To call a tool, write:", example]
+    extra = fmt.instructions(list(tools))
+    return "\n".join([*lines, extra] if extra else lines)
+
+
 class FormatConfig(ComponentConfig):
     """Options both bundled formats share."""
 
@@ -546,7 +576,9 @@ __all__ = [
     "TagsFormat",
     "argument_errors",
     "cap_calls",
+    "example_call",
     "single_string_field",
     "too_many_calls_error",
+    "tool_schemas_text",
     "unknown_tool_error",
 ]

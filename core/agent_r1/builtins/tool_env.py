@@ -39,7 +39,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -47,6 +47,7 @@ from agent_r1.builtins.formats import (
     argument_errors,
     describe_validation_error,
     too_many_calls_error,
+    tool_schemas_text,
     unknown_tool_error,
 )
 from agent_r1.builtins.tool_runner import (
@@ -229,6 +230,13 @@ class ToolEnv(Environment):
     call past ``call_timeout_s`` is abandoned (thread) or killed (``isolation = "process"``); see
     :meth:`call`.
 
+    Where the model reads the tools: a format that describes them itself (``tags``) writes them
+    into the system message; one that hands schemas to the chat template (``hermes``) returns them
+    in :attr:`EpisodeStart.tools <agent_r1.EpisodeStart.tools>` (``tool_schemas: template``), or,
+    for a template that cannot show them (SmolLM2's), this environment writes them into the system
+    message (``tool_schemas: system``, see :meth:`describe_tools`). The run's preflight checks that
+    the first prompt shows every tool.
+
     Optional process rewards (``tool_success_reward``, ``tool_failure_reward``,
     ``format_error_reward``) are emitted per turn as :class:`~agent_r1.RewardSignal`\\ s named
     ``tool_success``, ``tool_failure`` and ``format_error``, valued reward x count.
@@ -251,6 +259,14 @@ class ToolEnv(Environment):
         )
         include_format_instructions: bool = Field(
             True, description="add the format's description of the tools to the system message"
+        )
+        tool_schemas: Literal["template", "system"] = Field(
+            "template",
+            description="where the tool schemas go with a format that hands them to the chat template "
+            "(hermes): template: the template's tools argument (it must render them: Qwen2.5's does, "
+            "SmolLM2's does not); system: this environment writes them (JSON) into the system message, "
+            "which works with any template. Formats that describe their tools themselves (tags) "
+            "ignore it",
         )
         max_turns: int = Field(
             4, ge=1, description="actions per episode at most (the engine has its own cap too)"
@@ -300,6 +316,8 @@ class ToolEnv(Environment):
         self.tools = {name: self.tools[name] for name in toolkit.order}  # the configured order
         self.tool_classes: dict[str, type[Tool]] = dict(toolkit.tool_classes)
         self._instructions = toolkit.instructions
+        if self.writes_tool_schemas:
+            self._instructions = self.describe_tools(list(self.tool_classes.values()))
         self._stop_sequences = list(toolkit.stop_sequences)
 
     @classmethod
@@ -316,6 +334,21 @@ class ToolEnv(Environment):
     def stop_sequences(self) -> list[str]:
         return list(self._stop_sequences)
 
+    @property
+    def writes_tool_schemas(self) -> bool:
+        """True when this environment writes the tool schemas into the system message itself
+        (``tool_schemas: system`` with a format that would hand them to the chat template)."""
+        return self.config.tool_schemas == "system" and self.format.tools_in_template
+
+    def describe_tools(self, tools: Sequence[type[Tool]]) -> str:
+        """What the system message says about ``tools``: the format's instructions, or with
+        :attr:`writes_tool_schemas` the schemas themselves with an example call
+        (:func:`~agent_r1.builtins.formats.tool_schemas_text`). Raises ``ValueError`` when the
+        format refuses the tools."""
+        if self.writes_tool_schemas:
+            return tool_schemas_text(self.format, tools)
+        return self.format.instructions(list(tools))
+
     def system_text(self) -> str:
         """What this environment adds to the system message."""
         parts = [self.config.system_prompt]
@@ -326,7 +359,7 @@ class ToolEnv(Environment):
     async def reset(self, task: Task) -> EpisodeStart:
         """``task.messages`` with :meth:`system_text` merged in front of the system message (one is
         created when absent) and :meth:`few_shot_messages` right after it, plus the tool schemas
-        when the format puts them in the template."""
+        when the format puts them in the template (and ``tool_schemas`` is ``template``)."""
         messages: list[Message] = [dict(message) for message in task.messages]
         addition = self.system_text()
         if addition:
@@ -337,7 +370,8 @@ class ToolEnv(Environment):
                 messages.insert(0, {"role": "system", "content": addition})
         at = 1 if messages and messages[0].get("role") == "system" else 0
         messages[at:at] = self.few_shot_messages()
-        tools = [tool.schema() for tool in self.tools.values()] if self.format.tools_in_template else []
+        in_template = self.format.tools_in_template and not self.writes_tool_schemas
+        tools = [tool.schema() for tool in self.tools.values()] if in_template else []
         return EpisodeStart(messages=messages, tools=tools)
 
     def few_shot_messages(self) -> list[Message]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 
+from agent_r1.builtins.formats import tool_schemas_text
 from agent_r1.contracts import Tool, ToolCallFormat
 from agent_r1.errors import AgentR1Error
 from agent_r1.gateway.protocol import RequestError
@@ -174,28 +175,12 @@ class ToolRendering:
         return list(self.format.stop_sequences_for(list(classes.values()))) if classes else []
 
     def instructions(self, tools: Sequence[Mapping[str, Any]] | None) -> str:
-        """What the system message says about the tools when the template does not render them."""
+        """What the system message says about the tools when the template does not render them
+        (the block ``tool_env`` writes with ``tool_schemas: system``)."""
         classes = self.tool_classes(tools)
         if not classes or self.native:
             return ""
-        listed = list(classes.values())
-        if not self.format.tools_in_template:  # the format describes its tools itself (tags)
-            return self.format.instructions(listed)
-        lines = ["# Tools", "You may call one or more of these tools (JSON schemas):"]
-        lines += [json.dumps(cls.schema()["function"], ensure_ascii=False) for cls in listed]
-        example = self._example(listed[0])
-        if example:
-            lines += ["To call a tool, write:", example]
-        extra = self.format.instructions(listed)
-        return "\n".join([*lines, extra] if extra else lines)
-
-    def _example(self, tool: type[Tool]) -> str:
-        required = [name for name, info in tool.Arguments.model_fields.items() if info.is_required()]
-        call = ToolCall(id="example", name=tool.name, arguments={name: "..." for name in required})
-        try:
-            return self.format.render_call(call, {tool.name: tool})
-        except (NotImplementedError, KeyError):  # a format that cannot write calls gets no example
-            return ""
+        return tool_schemas_text(self.format, list(classes.values()))
 
     # -- messages -----------------------------------------------------------------------------------
     def template_input(

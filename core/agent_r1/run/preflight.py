@@ -27,12 +27,19 @@ a message that says what was checked, where, and what to do when it is not right
   (its program or script exists, or its callable's module is found) and the gateway's packages
   are installed;
 - ``prompts``: the first tasks' prompts, rendered as the rollout renders them, fit
-  ``rollout.max_context``; when none does the run would train on nothing, which is a failure.
+  ``rollout.max_context``; when none does the run would train on nothing, which is a failure;
+- ``tools``: when the environment offers tools, the first rendered prompt shows every one of them
+  (their names, or the tags a ``tags`` format calls them by); tool schemas handed to a chat
+  template that leaves them out (SmolLM2's) would leave the model nothing to call, which is a
+  failure naming the template and the fixes.
 
 The component hook: a component class may define ``check(cls, config) -> list[str]``, a
-classmethod that gets the component's validated config. Each returned string is a failure; an
-:class:`~agent_r1.errors.AgentR1Error` it raises is a failure; a warning it issues
-(``warnings.warn``) is a warning. It must be cheap and must not create files.
+classmethod that gets the component's validated config. Each returned string is a failure of its
+own (return one per broken server, corpus...); an :class:`~agent_r1.errors.AgentR1Error` it raises
+is a failure; a warning it issues (``warnings.warn``) is a warning. It must be cheap and must not
+create files. When the check of the environment (or of one of its parts, ``environment.tools[0]``)
+fails, the environment is not built again for the ``prompts`` and ``tools`` checks (it would meet
+the same problem, and pay its timeouts, twice).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -149,6 +156,12 @@ class _Context:
     module_names: list[str] = field(default_factory=list)
     linear_shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
     train_tasks: list[Any] | None = None
+    failed_components: set[str] = field(default_factory=set)
+    """Config paths of the components whose own ``check`` failed."""
+    renderer: Any = None
+    first_prompt: tuple[Any, Any, str] | None = None
+    """The environment, its :class:`~agent_r1.EpisodeStart` and the rendered text of the first
+    train task's prompt (from the ``prompts`` check, with ``renderer``)."""
 
 
 def _run(report: PreflightReport, name: str, check: Callable[[], None]) -> None:
@@ -437,11 +450,16 @@ def _check_component_hooks(report: PreflightReport, ctx: _Context) -> None:
             if inspect.iscoroutine(result):
                 result = asyncio.run(result)
             problems = [str(p) for p in (result or [])]
+            for problem in problems[:-1]:  # one failure each; the last one is raised
+                report.add("component", "fail", f"{label}: {problem}")
             if problems:
-                raise AgentR1Error(f"{label}: " + "; ".join(problems))
+                raise AgentR1Error(f"{label}: {problems[-1]}")
             report.add("component", "ok", f"{label}: check passed")
 
+        before = len(report.failures)
         _run(report, "component", run)
+        if len(report.failures) > before:
+            ctx.failed_components.add(path)
 
 
 def _output_root(output_dir: str) -> Path:
@@ -503,13 +521,35 @@ def _check_prompts(report: PreflightReport, ctx: _Context) -> None:
     env = ctx.components.get("environment")
     if env is None or ctx.tokenizer is None or not ctx.train_tasks:
         return
+    failed = sorted(p for p in ctx.failed_components if p == "environment" or p.startswith("environment."))
+    if failed:  # building the environment would meet the same problem (and pay its timeouts) again
+        which = f"the environment ({env.name})" if failed[0] == "environment" else failed[0]
+        report.add(
+            "prompts",
+            "warn",
+            f"not checked: {which} failed its own check above; the prompts and the tools they show "
+            "are checked once it passes",
+        )
+        return
     tasks = ctx.train_tasks[:PROMPT_SAMPLE]
-    renderer = ChatRenderer(ctx.tokenizer)
+    renderer = ctx.renderer = ChatRenderer(ctx.tokenizer)
 
-    async def starts() -> list[Any]:
-        return [await env.cls(env.config).reset(task) for task in tasks]
+    async def starts() -> list[tuple[Any, Any]]:
+        started = []
+        for task in tasks:
+            environment = env.cls(env.config)
+            try:
+                started.append((environment, await environment.reset(task)))
+            finally:  # released as the engine releases an episode (sessions, processes)
+                await _close(environment, env.name)
+        return started
 
-    lengths = [len(renderer.render_prompt(s.messages, s.tools)) for s in asyncio.run(starts())]
+    texts = []
+    for environment, start in asyncio.run(starts()):
+        texts.append(renderer.render_text(start.messages, start.tools, add_generation_prompt=True))
+        if ctx.first_prompt is None:
+            ctx.first_prompt = (environment, start, texts[-1])
+    lengths = [len(renderer.encode(text)) for text in texts]
     max_context = ctx.config.rollout.max_context
     too_long = sum(1 for n in lengths if n >= max_context)
     span = f"{min(lengths)}-{max(lengths)} tokens" if min(lengths) != max(lengths) else f"{lengths[0]} tokens"
@@ -538,6 +578,88 @@ def _check_prompts(report: PreflightReport, ctx: _Context) -> None:
         )
     else:
         report.add("prompts", "ok", f"first {len(lengths)} train prompts: {span}, max_context {max_context}")
+
+
+async def _close(environment: Any, name: str) -> None:
+    """``environment.aclose()``; a failure is a warning, as the engine keeps such an episode."""
+    try:
+        await environment.aclose()
+    except Exception as exc:
+        warnings.warn(
+            f"environment ({name}): aclose() after reset raised {type(exc).__name__}: {exc}; a run counts "
+            "this in env_close_errors",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+
+
+def _offered_tools(environment: Any, start: Any) -> dict[str, list[str]]:
+    """Each tool the environment offers -> the strings that show it in a prompt: its name, and for
+    a format that calls tools by another name (``tags`` with ``tool_tags``) that one too."""
+    offered: dict[str, list[str]] = {}
+    for schema in start.tools or []:
+        function = schema.get("function", schema) if isinstance(schema, Mapping) else {}
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if isinstance(name, str) and name:
+            offered[name] = [name]
+    tools = getattr(environment, "tools", None)
+    tag_of = getattr(getattr(environment, "format", None), "tag_of", None)
+    if isinstance(tools, Mapping):
+        for name in tools:
+            shown = [str(name)]
+            if callable(tag_of):
+                shown.append(str(tag_of(name)))
+            offered.setdefault(str(name), shown)
+    return offered
+
+
+def _check_tools(report: PreflightReport, ctx: _Context) -> None:
+    """Every tool the environment offers appears in the first rendered prompt."""
+    from agent_r1.rollout.templates import template_origin
+
+    if ctx.first_prompt is None:
+        return
+    environment, start, text = ctx.first_prompt
+    offered = _offered_tools(environment, start)
+    if not offered:
+        return
+    label = f"environment ({ctx.components['environment'].name})"
+    fmt = getattr(environment, "format", None)
+    fmt_name = getattr(fmt, "name", None) or "?"
+    ignored = False
+    if start.tools:  # the probe: does the template render its tools argument at all?
+        bare = ctx.renderer.render_text(start.messages, None, add_generation_prompt=True)
+        ignored = bare == text
+    missing = [name for name, shown in offered.items() if ignored or not any(s in text for s in shown)]
+    if not missing:
+        where = "the chat template renders their schemas" if start.tools else "the system message names them"
+        count = f"{len(offered)} tool{'s' if len(offered) != 1 else ''}"
+        report.add("tools", "ok", f"{label}: the first prompt shows its {count} ({where})")
+        return
+    names = ", ".join(map(repr, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    template = f"{template_origin(ctx.tokenizer)} (model.path={ctx.config.model.path!r})"
+    if start.tools:
+        options = type(getattr(environment, "config", None))
+        has_option = "tool_schemas" in getattr(options, "model_fields", {})
+        system_fix = (
+            "environment.tool_schemas: system (the environment writes the schemas into the system message)"
+            if has_option
+            else "an environment that describes its tools in the system message"
+        )
+        dropped = "ignores its tools argument" if ignored else "leaves them out"
+        raise AgentR1Error(
+            f"{label}: the first train prompt, rendered with {template}, does not show the tool(s) "
+            f"{names}: format {fmt_name!r} hands their schemas to the chat template, which {dropped}, "
+            f"so the model would never call them. Fix one of: {system_fix}; environment.format: tags "
+            "(the tools described in the system message); or a chat template that renders tools "
+            "(model.chat_template: a Jinja string or a .jinja file)."
+        )
+    raise AgentR1Error(
+        f"{label}: the first train prompt, rendered with {template}, does not show the tool(s) {names}: "
+        f"format {fmt_name!r} describes tools in the system message, but it does not name them, so the "
+        "model would never call them. Keep environment.include_format_instructions: true, or name the "
+        "tools in environment.system_prompt."
+    )
 
 
 def _check_agent(report: PreflightReport, ctx: _Context) -> None:
@@ -645,4 +767,5 @@ def preflight(
         run("agent", lambda: _check_agent(report, ctx))
     else:
         run("prompts", lambda: _check_prompts(report, ctx))
+        run("tools", lambda: _check_tools(report, ctx))
     return report

@@ -263,7 +263,9 @@ def test_preflight_check_names_each_server_that_cannot_be_reached(http_server: H
     problems = asyncio.run(McpEnv.check(config))
     assert len(problems) == 2
     gone, down = problems
-    assert gone.startswith("MCP server 'gone' (stdio: agent-r1-no-such-mcp-server): cannot connect")
-    assert "run it by hand" in gone
-    assert down.startswith(f"MCP server 'down' ({http_server.url}): cannot connect")
+    assert gone.startswith(
+        "servers[0] 'gone' (stdio: agent-r1-no-such-mcp-server): command 'agent-r1-no-such-mcp-server' "
+        "not found on PATH. Install it"
+    )
+    assert down.startswith(f"servers[1] 'down' ({http_server.url}): cannot connect")
     assert "serves MCP" in down

@@ -179,6 +179,13 @@ def test_short_grpo_run_with_mcp_tools_over_stdio_and_http(
     # -- the calls reached both servers, each episode with sessions of its own -------------------------
     trajectories = recorder.trajectories
     assert len(trajectories) == STEPS * TASKS_PER_STEP * GROUP_SIZE
+    # the model was shown the tools it called: the prompt it was trained on names each of them
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(noting_model)
+    for trajectory in trajectories:
+        prompt = tokenizer.decode(trajectory.token_ids[: trajectory.prompt_length])
+        assert all(f"- <{tool}>text</{tool}>" in prompt for tool in TOOLS), prompt
     served = dict.fromkeys(TOOLS, 0)
     for trajectory in trajectories:
         for tool in TOOLS:
@@ -218,6 +225,7 @@ def test_a_server_that_cannot_be_reached_stops_the_run_before_the_model_loads(
     with pytest.raises(PreflightError) as raised:
         train(config_path, [])
     message = str(raised.value)
-    assert "MCP server 'local' (stdio: " in message and "cannot connect" in message
-    assert "MCP server 'remote' (http://127.0.0.1:9/mcp): cannot connect" in message
+    assert f"servers[0] 'local' (stdio: {SERVER_SCRIPT}.missing): command " in message
+    assert "does not exist" in message
+    assert "servers[1] 'remote' (http://127.0.0.1:9/mcp): cannot connect" in message
     assert not (tmp_path / "run").exists()

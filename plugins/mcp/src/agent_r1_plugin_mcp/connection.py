@@ -10,20 +10,29 @@ is cancelled with its owner task, which still leaves its contexts.
 
 Failures name the server and the tool, and are :class:`~agent_r1.errors.ToolInfrastructureError`\\ s
 (not the agent's doing): a server that cannot be started or reached, a dropped connection, a
-reconnection budget used up. Errors the server reports for a call (``isError`` results, protocol
-errors such as unknown arguments) are :class:`~agent_r1.ToolError`\\ s, shown to the agent.
+reconnection budget used up. A stdio server that cannot start is described by what happened to
+its process: a command not found, an exit code (or signal) before the handshake, a handshake that
+did not finish in time; a connection made with ``capture_stderr`` (the one-off listings of
+:func:`~agent_r1_plugin_mcp.env.probe_servers`) also quotes the first lines the server wrote to
+stderr, which otherwise go to the console. Errors the server reports for a call (``isError``
+results, protocol errors such as unknown arguments) are :class:`~agent_r1.ToolError`\\ s, shown to
+the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
+import os
+import signal
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import IO, Any
 
 from agent_r1 import ToolError, ToolResult
 from agent_r1.errors import ToolInfrastructureError
@@ -39,10 +48,21 @@ CLOSE_TIMEOUT_S = 10.0
 
 _CONNECTION_CLOSED = -32000  # JSON-RPC code the SDK gives requests whose connection went away
 
+STDERR_LINES = 5
+"""How many first lines of a failed server's stderr a captured error quotes (and the last line
+when there are more; each cut to 200 characters)."""
+
 
 class McpServerError(ToolInfrastructureError):
     """An MCP server could not be started or reached, or its connection dropped; the message names
-    the server (and the tool, for a call) and says what to do."""
+    the server (and the tool, for a call) and says what to do. ``problem`` is what happened and
+    ``advice`` what to do, for callers that name the server their own way (the preflight check
+    names its config path)."""
+
+    def __init__(self, message: str, *, problem: str | None = None, advice: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem if problem is not None else message
+        self.advice = advice
 
 
 class McpConnection:
@@ -53,8 +73,11 @@ class McpConnection:
     dropped), ``calls`` (tool calls sent).
     """
 
-    def __init__(self, server: ServerConfig) -> None:
+    def __init__(self, server: ServerConfig, *, capture_stderr: bool = False) -> None:
         self.server = server
+        self.capture_stderr = capture_stderr
+        """stdio: the server's stderr goes to a temporary file, quoted when the start fails (instead
+        of the console)."""
         self.session: Any = None
         self.reconnects = 0
         self.lost = 0
@@ -64,6 +87,8 @@ class McpConnection:
         self._owner: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
+        self._processes: list[Any] = []  # the stdio server process of the current attempt
+        self._stderr: IO[bytes] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -86,20 +111,22 @@ class McpConnection:
             self.session = await asyncio.wait_for(asyncio.shield(ready), timeout)
         except asyncio.TimeoutError:
             await self._abandon()
-            raise self._error(
-                f"did not finish the MCP handshake within {timeout:g} s (connect_timeout_s)"
-            ) from None
+            stopped = "; it was stopped" if self._processes else ""
+            problem = f"did not finish the MCP handshake within {timeout:g} s (connect_timeout_s){stopped}"
+            raise self._start_error(problem, started=True, slow=True) from None
         except asyncio.CancelledError:
             await self._abandon()
+            self._close_stderr()
             raise
         except Exception as exc:
             await self._abandon()
-            raise self._error(f"cannot connect: {describe(exc)}") from exc
+            raise self._connect_error(exc) from exc
 
     async def close(self) -> None:
         """End the session (a stdio server is stopped); waits at most :data:`CLOSE_TIMEOUT_S`."""
         owner, stop = self._owner, self._stop
         self.session, self._owner, self._stop = None, None, None
+        self._close_stderr()
         if owner is None or stop is None:
             return
         stop.set()
@@ -127,6 +154,7 @@ class McpConnection:
         (the transport died) is recorded in ``last_error``."""
         from mcp import ClientSession
 
+        _spawned.set(self._processes)  # this task's context: the spawn recorder appends to it
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport())
@@ -157,7 +185,15 @@ class McpConnection:
             parameters = StdioServerParameters(
                 command=program, args=args, env=dict(server.env) or None, cwd=server.cwd
             )
-            return stdio_client(parameters)
+            self._processes.clear()
+            _record_spawns()
+            if not self.capture_stderr:
+                return stdio_client(parameters)
+            self._close_stderr()
+            # kept open for the session's life and closed by close() (or quoted, then closed, when
+            # the start fails), so no context manager fits
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+            return stdio_client(parameters, errlog=self._stderr)  # type: ignore[arg-type]
         return _http_transport(server)
 
     # -- calls -----------------------------------------------------------------------------------
@@ -272,16 +308,145 @@ class McpConnection:
     def name(self) -> str:
         return self.server.name
 
-    def _error(self, problem: str) -> McpServerError:
-        advice = (
-            "check that the command starts an MCP server on stdin/stdout (run it by hand; its "
-            "stderr is shown above)"
-            if self.server.transport == "stdio"
-            else "check that the server is running and serves MCP (streamable HTTP) at this URL"
-        )
+    def _error(self, problem: str, advice: str | None = None) -> McpServerError:
+        if advice is None:
+            advice = (
+                "check that the command starts an MCP server on stdin/stdout (run it by hand)"
+                if self.server.transport == "stdio"
+                else "check that the server is running and serves MCP (streamable HTTP) at this URL"
+            )
+        advice = f"{advice[0].upper()}{advice[1:]}." if advice else ""
         return McpServerError(
-            f"MCP server {self.server.describe()}: {problem}. {advice[0].upper()}{advice[1:]}."
+            f"MCP server {self.server.describe()}: {problem}. {advice}".rstrip(),
+            problem=problem,
+            advice=advice,
         )
+
+    def _connect_error(self, exc: Exception) -> McpServerError:
+        """What kept the server from starting, from the exception and (stdio) its process."""
+        server = self.server
+        if server.command is None:
+            self._close_stderr()
+            return self._error(f"cannot connect: {describe(exc)}")
+        program = server.command[0]
+        missing = _leaf(exc, OSError)
+        if isinstance(missing, OSError) and not self._processes:  # the process never started
+            self._close_stderr()
+            if server.cwd is not None and missing.filename == server.cwd:
+                return self._error(
+                    f"the working directory {server.cwd!r} does not exist",
+                    "fix the server's cwd",
+                )
+            if isinstance(missing, PermissionError):
+                return self._error(f"command {program!r} is not executable", "fix the server's command")
+            if isinstance(missing, FileNotFoundError):
+                if os.sep in program or (os.altsep and os.altsep in program):
+                    return self._error(f"command {program!r} does not exist", "fix the server's command")
+                return self._error(
+                    f"command {program!r} not found on PATH",
+                    "install it, or give the program's full path as the first word of the server's command",
+                )
+        process = self._processes[-1] if self._processes else None
+        code = getattr(process, "returncode", None)
+        stopped = code is not None and -code in (signal.SIGTERM, signal.SIGKILL)  # by the SDK's cleanup
+        if code is not None and _connection_lost(exc) and not stopped:  # its stdout ended with it
+            return self._start_error(f"{_exit(code)} before finishing the MCP handshake", started=True)
+        problem = f"cannot connect: {describe(exc)}" + ("; it was stopped" if stopped else "")
+        return self._start_error(problem, started=bool(self._processes))
+
+    def _start_error(self, problem: str, *, started: bool, slow: bool = False) -> McpServerError:
+        """A server that did not become a session: ``problem``, with (stdio) the first lines of
+        its captured stderr, or a pointer to the console where its stderr went."""
+        if self.server.transport != "stdio":
+            return self._error(problem)
+        where = ""
+        if self.capture_stderr:
+            problem += self._stderr_excerpt()
+        elif started:
+            where = "; its stderr is shown above"
+        advice = f"check that the command starts an MCP server on stdin/stdout (run it by hand{where})"
+        if slow:
+            advice += ", or raise connect_timeout_s for a server that starts slowly"
+        return self._error(problem, advice)
+
+    def _stderr_excerpt(self) -> str:
+        """``; its stderr began: ['...', '...']`` (its first non-empty lines, and its last when
+        there are more) from the captured file, which is closed afterwards."""
+        stream, self._stderr = self._stderr, None
+        if stream is None:
+            return ""
+        try:
+            stream.seek(0)
+            text = stream.read(64 * 1024).decode("utf-8", errors="replace")
+        except OSError as exc:  # the excerpt is a courtesy; say why it is missing
+            return f"; its stderr could not be read ({exc})"
+        finally:
+            stream.close()
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if not lines:
+            return "; it wrote nothing to stderr"
+        shown = [line[:200] for line in lines[:STDERR_LINES]]
+        more = ""
+        if len(lines) > STDERR_LINES:  # a traceback says what went wrong on its last line
+            more = f" and {len(lines) - STDERR_LINES} more lines, the last: {lines[-1][:200]!r}"
+        return f"; its stderr began: {shown!r}{more}"
+
+    def _close_stderr(self) -> None:
+        stream, self._stderr = self._stderr, None
+        if stream is not None:
+            stream.close()
+
+
+_spawned: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "agent_r1_mcp_spawned", default=None
+)
+"""The list an :class:`McpConnection`'s owner task collects its stdio server process into."""
+
+
+def _record_spawns() -> None:
+    """Wrap the MCP SDK's stdio process spawner (once) so that a connection learns its server's
+    process, whose exit code says why a server ended before the handshake.
+
+    ``stdio_client`` keeps the process to itself; this is the one place it is created. The wrapper
+    only records the process into the calling task's :data:`_spawned` list (nothing when unset).
+    An SDK without that function leaves exit codes out of the messages (a test pins it)."""
+    from mcp.client import stdio
+
+    original = getattr(stdio, "_create_platform_compatible_process", None)
+    if original is None or getattr(original, "agent_r1_records", False):
+        return
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        process = await original(*args, **kwargs)
+        sink = _spawned.get()
+        if sink is not None:
+            sink.append(process)
+        return process
+
+    recording.agent_r1_records = True  # type: ignore[attr-defined]
+    stdio._create_platform_compatible_process = recording
+
+
+def _exit(code: int) -> str:
+    """``exited with code 3`` or ``was killed by signal SIGKILL``."""
+    if code < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _leaf(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` or the first exception of ``kind`` inside it (exception groups included)."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _leaf(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 @asynccontextmanager

@@ -9,6 +9,7 @@
         - {name: web, url: "http://127.0.0.1:8765/mcp", stateful: false}
       tools: [calculator]          # registered agent-r1 tools may sit beside them
       format: hermes
+      tool_schemas: system         # tool schemas in the system message: any chat template shows them
       max_turns: 4
 
 :class:`McpEnv` is a :class:`~agent_r1.ToolEnv` (same formats, limits, process rewards and error
@@ -18,10 +19,12 @@ and each tool keeps the server's JSON schema. Tool names stay as the servers spe
 two sources share a name: then those are prefixed with their server (``notes__search``); with
 ``tool_names: prefixed`` every MCP tool is.
 
-Sessions: a ``stateful`` server (the default) gets one session per episode, opened at ``reset``
-and closed when the episode ends (its last ``step``, also when a step fails); a stateless one gets
-one session per rollout, shared by its episodes. A session the environment could not close (the
-engine ended the episode on a budget of its own) ends with the rollout's event loop.
+Sessions: a ``stateful`` server (the default) gets one session per episode, opened when the
+episode's first action arrives (an episode that is only rendered, as the preflight's prompt check
+does, starts no server) and closed when the episode ends (its last ``step``, also when a step
+fails); a stateless one gets one session per rollout, shared by its episodes, opened by its first
+call. A session the environment could not close (the engine ended the episode on a budget of its
+own) ends with the rollout's event loop.
 """
 
 from __future__ import annotations
@@ -156,10 +159,12 @@ async def list_servers(servers: Sequence[ServerConfig]) -> dict[str, list[Any]]:
 
 
 async def probe_servers(servers: Sequence[ServerConfig]) -> dict[str, list[Any] | BaseException]:
-    """Each server's tool listing, or the error that kept us from getting it."""
+    """Each server's tool listing, or the error that kept us from getting it. Every server is
+    started (or reached) once, all at once; a stdio server's stderr is captured, and quoted in its
+    error."""
 
     async def probe(server: ServerConfig) -> list[Any]:
-        connection = McpConnection(server)
+        connection = McpConnection(server, capture_stderr=True)
         try:
             await connection.connect()
             return await connection.list_tools()
@@ -280,6 +285,7 @@ class McpEnv(ToolEnv):
         classes = catalog(self.config, other_tools).classes
         self._bindings = {server.name: Binding(server) for server in self.config.servers}
         self._owned: list[McpConnection] = []
+        self._unopened = False  # reset bound this episode's sessions; the first step opens them
         self._reported = {"reconnects": 0, "lost": 0}  # counters already in Observation.metrics
         for cls in classes:
             timeout = cls.server.call_timeout_s or self.config.call_timeout_s
@@ -288,7 +294,7 @@ class McpEnv(ToolEnv):
         every = list(self.tool_classes.values())
         try:
             # system_text (ToolEnv's) now describes every tool, MCP tools included
-            self._instructions = self.format.instructions(every)
+            self._instructions = self.describe_tools(every)
             self._mcp_stops = list(self.format.stop_sequences_for(every))
         except ValueError as exc:
             fmt = self.config.format_spec().name
@@ -302,12 +308,23 @@ class McpEnv(ToolEnv):
     @classmethod
     async def check(cls, config: McpEnvConfig) -> list[str]:
         """Preflight: every server starts (or answers), lists its tools, and the tool names work
-        out; the listing is kept for the run. Returns one problem per failing server."""
+        out; the listings are kept for the run, so that no server is started again to list it.
+        Returns one problem per failing server, named by its config path (``servers[0] 'time'
+        (stdio: uvx time)``): a command not found, the exit code and first stderr lines of a
+        server that ended before the handshake, a handshake that timed out."""
         results = await probe_servers(config.servers)
-        problems = [str(result) for result in results.values() if isinstance(result, BaseException)]
+        listings = {name: result for name, result in results.items() if not isinstance(result, BaseException)}
+        with _catalogs_lock:
+            for server in config.servers:
+                if server.name in listings:
+                    _listings.setdefault(_address(server), listings[server.name])
+        problems = [
+            _problem(index, server, results[server.name])
+            for index, server in enumerate(config.servers)
+            if server.name not in listings
+        ]
         if problems:
             return problems
-        listings = {name: result for name, result in results.items() if not isinstance(result, BaseException)}
         other_tools = [spec.name for spec in config.tool_specs()]
         from agent_r1.registry import get_registry
 
@@ -315,16 +332,14 @@ class McpEnv(ToolEnv):
         other_tools = [registry.get("tools", name).name for name in other_tools]
         built = build_catalog(config, listings, other_tools)
         with _catalogs_lock:
-            for server in config.servers:
-                _listings.setdefault(_address(server), listings[server.name])
             _catalogs.setdefault(_catalog_key(config, other_tools), built)
         return []
 
     # -- episode -----------------------------------------------------------------------------------
     async def reset(self, task: Task) -> EpisodeStart:
-        """Start the episode: open a session with every stateful server (a failure is kept for the
-        first call, which tries again within the reconnection budget) and bind the stateless ones to
-        the rollout's shared session."""
+        """Start the episode: a session of its own for every stateful server, opened when the first
+        action arrives (see :meth:`step`), and the rollout's shared session for the stateless ones.
+        Starts no server, so rendering an episode's prompt costs no process."""
         await self._close_owned()
         for server in self.config.servers:
             binding = self._bindings[server.name]
@@ -333,19 +348,18 @@ class McpEnv(ToolEnv):
                 self._owned.append(binding.connection)
             else:
                 binding.connection = _shared_for(server)
-        outcomes = await asyncio.gather(
-            *(connection.connect() for connection in self._owned), return_exceptions=True
-        )
-        for connection, outcome in zip(self._owned, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, McpServerError):
-                    raise outcome
-                connection.last_error = str(outcome)  # the first call retries and reports it
+        self._unopened = bool(self._owned)
         return await super().reset(task)
 
     async def step(self, action: Action, turn: int) -> Observation:
-        """``tool_env``'s step; the episode's sessions are closed when it ends or the step fails."""
+        """``tool_env``'s step. The first one opens the episode's sessions with the stateful servers,
+        all at once and outside the calls' timeouts (a failure is kept for the first call of that
+        server, which tries again within the reconnection budget); they are closed when the episode
+        ends or a step fails."""
         try:
+            if self._unopened:
+                self._unopened = False
+                await self._open_owned()
             observation = await super().step(action, turn)
         except BaseException:
             await self._close_owned()
@@ -379,12 +393,31 @@ class McpEnv(ToolEnv):
         """Close this episode's sessions now (idempotent); for callers that end episodes themselves."""
         await self._close_owned()
 
+    async def _open_owned(self) -> None:
+        outcomes = await asyncio.gather(
+            *(connection.connect() for connection in self._owned), return_exceptions=True
+        )
+        for connection, outcome in zip(self._owned, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, McpServerError):
+                    raise outcome
+                connection.last_error = str(outcome)  # the first call retries and reports it
+
     async def _close_owned(self) -> None:
         owned, self._owned = self._owned, []
+        self._unopened = False
         results = await asyncio.gather(*(c.close() for c in owned), return_exceptions=True)
         for connection, result in zip(owned, results, strict=True):
             if isinstance(result, Exception):  # closing is best effort; the session is gone either way
                 connection.last_error = describe(result)
+
+
+def _problem(index: int, server: ServerConfig, error: Any) -> str:
+    """One preflight problem: the server by its config path, what happened, what to do."""
+    where = f"servers[{index}] {server.describe()}"
+    if isinstance(error, McpServerError):
+        return f"{where}: {error.problem}. {error.advice}".rstrip()
+    return f"{where}: {describe(error)}"
 
 
 __all__ = ["Catalog", "McpEnv", "McpEnvConfig", "build_catalog", "catalog", "list_servers", "probe_servers"]
