@@ -433,6 +433,30 @@ def test_an_environment_that_raises_aborts_or_ends_the_episode(tokenizer: Any) -
     assert "fell over" in trajectory.steps[0].observation.info["error"]
 
 
+class FailingResetEnv(EchoEnv):
+    """Fails to start on tasks whose id ends in 1 (a game server that refused the episode)."""
+
+    name = "failing_reset"
+
+    async def reset(self, task: Task) -> EpisodeStart:
+        if task.id.endswith("1"):
+            raise ConnectionError(f"no episode for {task.id}")
+        return await super().reset(task)
+
+
+def test_an_environment_whose_reset_raises_fails_that_episode_only(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=["hello"] * 3)
+    engine = RolloutEngine(backend, tokenizer, FailingResetEnv)
+    with pytest.raises(AgentR1Error, match=r"'failing_reset' raised in reset \(task 't1'\).*no episode"):
+        engine.collect(tasks(2), 1, seed=0)
+    engine = RolloutEngine(backend, tokenizer, FailingResetEnv, on_env_error="end")
+    good, bad = engine.collect(tasks(2), 1, seed=0)
+    assert good.errors == [] and good.steps and good.termination != "env_error"
+    assert bad.termination == "env_error" and len(bad) == 0 and bad.steps == []
+    assert bad.metrics["env_errors"] == 1 and "ConnectionError: no episode for t1" in bad.errors[0]
+    assert backend.prompts[0] == [good.token_ids[: len(backend.prompts[0][0])]]  # only t0 was sampled
+
+
 class ClosingEnv(EchoEnv):
     """Records its aclose() calls; ``fail_close`` makes aclose raise."""
 

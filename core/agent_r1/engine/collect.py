@@ -94,6 +94,8 @@ def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str,
     """Add every shaper's signals (times its configured weight) to each trajectory. Each shaper
     scores the whole batch in one call (``RewardShaper.score_batch``), so that model-based shapers
     batch their forward passes; a failure on one trajectory is recorded on that trajectory."""
+    # an episode whose environment failed before its first action has nothing to score
+    trajectories = [t for t in trajectories if t.steps or not t.errors]
     if not trajectories:
         return
     batch_tasks = [tasks[trajectory.task_id] for trajectory in trajectories]

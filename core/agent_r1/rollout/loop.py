@@ -38,7 +38,8 @@ Parse results: an environment returns what it parsed out of an action in
 ``Observation.tool_calls`` / ``answer`` / ``parse_errors``; the engine records them on the step's
 :class:`~agent_r1.mdp.Action`. Environment failures: an exception from ``Environment.step`` ends
 the episode (``on_env_error="end"``, counted, and noted in ``Trajectory.errors``) or aborts the
-run (``"raise"``); :class:`~agent_r1.errors.EnvironmentFatalError` always aborts.
+run (``"raise"``); so does one from ``Environment.reset`` (the failed episode then has no tokens);
+:class:`~agent_r1.errors.EnvironmentFatalError` always aborts.
 """
 
 from __future__ import annotations
@@ -271,9 +272,12 @@ class RolloutEngine:
         return episodes
 
     async def _reset(self, episodes: list[_Episode]) -> None:
-        starts = await asyncio.gather(*(episode.env.reset(episode.task) for episode in episodes))
+        starts = await asyncio.gather(*(self._start(episode) for episode in episodes))
         prompts: dict[str, list[int]] = {}
         for episode, start in zip(episodes, starts, strict=True):
+            if start is None:  # its reset raised: a failed episode with no tokens
+                self._end(episode, "env_error", truncated=False)
+                continue
             episode.start = start
             episode.trajectory.start_info = dict(getattr(start, "info", None) or {})
             episode.messages = [dict(message) for message in start.messages]
@@ -289,6 +293,27 @@ class RolloutEngine:
                     stacklevel=3,
                 )
                 self._end(episode, "max_tokens", truncated=True)
+
+    async def _start(self, episode: _Episode) -> EpisodeStart | None:
+        """``episode``'s reset; ``None`` when it raised and ``on_env_error`` is ``end`` (the error
+        is noted on the trajectory and counted, like a step's)."""
+        try:
+            return await episode.env.reset(episode.task)
+        except EnvironmentFatalError:
+            raise
+        except Exception as exc:
+            where = (
+                f"environment {episode.env.name or type(episode.env).__name__!r} raised in reset (task "
+                f"{episode.task.id!r}): {type(exc).__name__}: {exc}"
+            )
+            if self.on_env_error == "raise":
+                raise AgentR1Error(
+                    f"{where}. Fix the environment, or pass on_env_error='end' to end such episodes and go "
+                    "on."
+                ) from exc
+            episode.counters["env_errors"] += 1
+            episode.trajectory.errors.append(where)
+            return None
 
     def _generate(self, active: list[_Episode], turn: int, seed: int | None) -> int:
         """One batched backend call for every active episode; appends the policy tokens."""
@@ -550,7 +575,7 @@ class RolloutEngine:
         if episode.action is not None:
             tokens += self.renderer.closure_ids(episode.action.token_ids, episode.action.finish_reason)
         tools = episode.start.tools if episode.start is not None else None
-        drift = self.renderer.drift(episode.messages, tokens, tools=tools)
+        drift = self.renderer.drift(episode.messages, tokens, tools=tools) if episode.start is not None else 0
         counters = episode.counters
         trajectory.metrics = {
             "generation_s": episode.generation_s,
