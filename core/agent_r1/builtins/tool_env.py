@@ -340,6 +340,25 @@ class ToolEnv(Environment):
         (``tool_schemas: system`` with a format that would hand them to the chat template)."""
         return self.config.tool_schemas == "system" and self.format.tools_in_template
 
+    def add_tools(self, tools: Sequence[Tool]) -> None:
+        """Offer ``tools`` besides the configured ones (an environment whose tools come from
+        elsewhere: an MCP server's listing, a package's tool server), after them in this order; the
+        system text and the stop sequences then cover every tool. Raises
+        :class:`~agent_r1.errors.ConfigError` when the format cannot take the tools."""
+        for tool in tools:
+            self.tools[tool.name] = tool
+            self.tool_classes[tool.name] = type(tool)
+        every = list(self.tool_classes.values())
+        try:
+            self._instructions = self.describe_tools(every)
+            self._stop_sequences = _stop_sequences(self.format, every)
+        except ValueError as exc:
+            raise ConfigError(
+                f"{self.name}: tools {list(self.tool_classes)} and format {self.config.format_spec().name!r}: "
+                f"{exc}",
+                path="environment.format",
+            ) from None
+
     def describe_tools(self, tools: Sequence[type[Tool]]) -> str:
         """What the system message says about ``tools``: the format's instructions, or with
         :attr:`writes_tool_schemas` the schemas themselves with an example call

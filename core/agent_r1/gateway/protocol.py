@@ -38,6 +38,7 @@ __all__ = [
     "chat_response",
     "completion_chunk",
     "completion_response",
+    "episode_hint",
     "error_body",
     "finish_reason",
     "openai_tool_calls",
@@ -131,6 +132,16 @@ IGNORED_PARAMETERS = {
 """Parameters the gateway accepts and ignores, because they do not change what is sampled."""
 
 
+def episode_hint(metadata: dict[str, Any] | None, user: str | None) -> str | None:
+    """The episode a request body names: ``metadata.episode_id`` (or ``agent_r1_episode``), else
+    ``user``."""
+    for key in ("episode_id", "agent_r1_episode"):
+        value = (metadata or {}).get(key)
+        if isinstance(value, str) and value:
+            return value
+    return user or None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -163,13 +174,8 @@ class _Request(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
     def episode_hint(self) -> str | None:
-        """The episode named in the body: ``metadata.episode_id`` (or ``agent_r1_episode``), else
-        ``user``."""
-        for key in ("episode_id", "agent_r1_episode"):
-            value = (self.metadata or {}).get(key)
-            if isinstance(value, str) and value:
-                return value
-        return self.user or None
+        """The episode named in the body (see :func:`episode_hint`)."""
+        return episode_hint(self.metadata, self.user)
 
     def unsupported(self) -> list[tuple[str, str]]:
         """``(parameter, why)`` for every parameter set to something the gateway cannot honour."""

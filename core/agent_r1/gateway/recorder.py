@@ -71,7 +71,7 @@ from agent_r1.mdp import (
 )
 from agent_r1.rollout.chat import ChatRenderer
 
-__all__ = ["FINISHED_IDS_KEPT", "CallPlan", "CallRecord", "Episode", "EpisodeRecorder"]
+__all__ = ["FINISHED_IDS_KEPT", "CallPlan", "CallRecord", "Episode", "EpisodeRecorder", "assistant_message"]
 
 FINISHED_IDS_KEPT = 100_000
 """How many ended episode ids a recorder remembers (the most recent ones) to refuse their reuse.
@@ -456,7 +456,7 @@ class EpisodeRecorder:
             tool_calls=list(reply.tool_calls) if reply is not None else [],
             parse_errors=list(reply.errors) if reply is not None else [],
         )
-        reply_message = _reply_message(reply)
+        reply_message = assistant_message(reply)
         with episode.lock:
             if episode.finished:
                 raise ConflictError(
@@ -664,7 +664,7 @@ class EpisodeRecorder:
             return None
 
 
-def _reply_message(reply: ParsedReply | None) -> Message | None:
+def assistant_message(reply: ParsedReply | None) -> Message | None:
     """The assistant message the gateway returned for a chat call (``None`` for completions), in
     the canonical form later requests are matched against."""
     if reply is None:

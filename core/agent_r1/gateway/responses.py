@@ -54,9 +54,11 @@ from agent_r1.gateway.protocol import (
     _arguments,
     _content_text,
     canonical_messages,
+    episode_hint,
     parse_request,
     structured_format,
 )
+from agent_r1.gateway.recorder import assistant_message
 from agent_r1.mdp import Message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -135,13 +137,8 @@ class ResponsesRequest(BaseModel):
     context_management: list[dict[str, Any]] | None = None
 
     def episode_hint(self) -> str | None:
-        """The episode named in the body: ``metadata.episode_id`` (or ``agent_r1_episode``), else
-        ``user``."""
-        for key in ("episode_id", "agent_r1_episode"):
-            value = (self.metadata or {}).get(key)
-            if isinstance(value, str) and value:
-                return value
-        return self.user or None
+        """The episode named in the body (see :func:`~agent_r1.gateway.protocol.episode_hint`)."""
+        return episode_hint(self.metadata, self.user)
 
     def unsupported(self) -> list[tuple[str, str]]:
         """``(parameter, why)`` for every parameter set to something the gateway cannot honour."""
@@ -391,7 +388,8 @@ async def create(gateway: PolicyGateway, body: Any, path_episode: str | None) ->
     logprobs = "message.output_text.logprobs" in (request.include or [])
     response = _response_body(gateway, request, turn, logprobs)
     if request.store is not False:
-        reply = _reply_message(turn)
+        reply = assistant_message(turn.reply)
+        assert reply is not None
         store.put(
             turn.completion_id,
             StoredResponse([*conversation, reply], episode.id if episode is not None else None, response),
@@ -410,17 +408,6 @@ def delete(gateway: PolicyGateway, response_id: str) -> dict[str, Any]:
     """``DELETE /v1/responses/{id}``."""
     gateway.responses.delete(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
-
-
-def _reply_message(turn: ChatTurn) -> Message:
-    """The response's output as the assistant message a later call's conversation holds (what the
-    episode recorder matches against the message it recorded)."""
-    message: Message = {"role": "assistant", "content": turn.reply.content or ""}
-    if turn.reply.tool_calls:
-        message["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": dict(c.arguments)} for c in turn.reply.tool_calls
-        ]
-    return message
 
 
 # -- the response -----------------------------------------------------------------------------------

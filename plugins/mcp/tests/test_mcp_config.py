@@ -10,10 +10,10 @@ from mcp.types import Tool as ListedTool
 from pydantic import ValidationError
 
 from agent_r1 import ConfigError
+from agent_r1.json_schema import arguments_model
 from agent_r1.registry import get_registry
 from agent_r1_plugin_mcp.config import ServerConfig
 from agent_r1_plugin_mcp.env import McpEnvConfig, build_catalog
-from agent_r1_plugin_mcp.tools import arguments_model
 
 
 def listed(

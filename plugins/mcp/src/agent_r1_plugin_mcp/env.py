@@ -287,23 +287,13 @@ class McpEnv(ToolEnv):
         self._owned: list[McpConnection] = []
         self._unopened = False  # reset bound this episode's sessions; the first step opens them
         self._reported = {"reconnects": 0, "lost": 0}  # counters already in Observation.metrics
-        for cls in classes:
-            timeout = cls.server.call_timeout_s or self.config.call_timeout_s
-            self.tools[cls.name] = cls(self._bindings[cls.server.name], timeout)
-            self.tool_classes[cls.name] = cls
-        every = list(self.tool_classes.values())
-        try:
-            # system_text (ToolEnv's) now describes every tool, MCP tools included
-            self._instructions = self.describe_tools(every)
-            self._mcp_stops = list(self.format.stop_sequences_for(every))
-        except ValueError as exc:
-            fmt = self.config.format_spec().name
-            tools = list(self.tool_classes)
-            raise ConfigError(f"{self.name}: tools {tools} and format {fmt!r}: {exc}") from None
-
-    @property
-    def stop_sequences(self) -> list[str]:
-        return list(self._mcp_stops)
+        # system_text and the stop sequences (ToolEnv's) then cover every tool, MCP tools included
+        self.add_tools(
+            [
+                cls(self._bindings[cls.server.name], cls.server.call_timeout_s or self.config.call_timeout_s)
+                for cls in classes
+            ]
+        )
 
     @classmethod
     async def check(cls, config: McpEnvConfig) -> list[str]:

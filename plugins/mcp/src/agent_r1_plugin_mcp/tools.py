@@ -9,26 +9,13 @@ a violation as an error result the agent reads.
 
 from __future__ import annotations
 
-import keyword
 import re
-from typing import Any, ClassVar, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from typing import Any, ClassVar
 
 from agent_r1 import Tool, ToolResult
+from agent_r1.json_schema import arguments_model
 from agent_r1_plugin_mcp.config import ServerConfig
 from agent_r1_plugin_mcp.connection import McpConnection
-
-_JSON_TYPES: dict[str, Any] = {
-    "string": str,
-    "integer": int,
-    "number": float,
-    "boolean": bool,
-    "array": list[Any],
-    "object": dict[str, Any],
-    "null": type(None),
-}
-_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 class Binding:
@@ -95,38 +82,3 @@ def tool_class(
     }
     class_name = "Mcp_" + re.sub(r"\W", "_", exposed_name)
     return type(class_name, (McpTool,), attributes)
-
-
-def arguments_model(tool_name: str, schema: dict[str, Any]) -> type[BaseModel]:
-    """A pydantic model for the top level of a JSON object ``schema``: each property typed by its
-    JSON ``type`` (anything when absent or a union), required ones required, the others optional
-    (left out of the call when not given); extra keys refused unless ``additionalProperties`` allows them."""
-    properties: dict[str, Any] = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
-    fields: dict[str, Any] = {}
-    taken = set(dir(BaseModel))
-    for index, (key, spec) in enumerate(properties.items()):
-        spec = spec if isinstance(spec, dict) else {}
-        annotation = _annotation(spec)
-        description = spec.get("description")
-        usable = _IDENTIFIER.fullmatch(key) and not keyword.iskeyword(key) and key not in taken
-        attribute = key if usable else f"field_{index}"
-        alias = None if usable else key
-        if key in required:
-            fields[attribute] = (annotation, Field(..., alias=alias, description=description))
-        else:
-            optional = annotation if annotation is Any else annotation | None
-            fields[attribute] = (optional, Field(None, alias=alias, description=description))
-    extra: Literal["allow", "forbid"] = (
-        "allow" if schema.get("additionalProperties") not in (None, False) else "forbid"
-    )
-    model_config = ConfigDict(extra=extra, populate_by_name=True)
-    model_name = re.sub(r"\W", "_", tool_name) + "Arguments"
-    return create_model(model_name, __config__=model_config, **fields)
-
-
-def _annotation(spec: dict[str, Any]) -> Any:
-    kind = spec.get("type")
-    if isinstance(kind, str) and kind in _JSON_TYPES:
-        return _JSON_TYPES[kind]
-    return Any
