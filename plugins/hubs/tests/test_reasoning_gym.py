@@ -256,6 +256,19 @@ def test_rewards_are_the_packages_own_scores(tokenizer: Any) -> None:
     assert {0.0, 1.0} <= seen
 
 
+def test_without_partial_credit_only_full_marks_count(tokenizer: Any) -> None:
+    """basic_arithmetic pays a reply that contains the answer inside a longer one part of a point
+    ("-4" for 4: 0.5); partial_credit: false keeps the package's full marks only."""
+    tasks = [t for t in load({"task": "basic_arithmetic", "config": {"max_terms": 2}, "num_train": 12})]
+    task = next(t for t in tasks if str(t.answer).lstrip("-").isdigit() and not str(t.answer).startswith("-"))
+    replies = [f"<answer>-{task.answer}</answer>", f"<answer>{task.answer}</answer>"]
+    [partial], [full] = (scripted([task], [reply], tokenizer) for reply in replies)
+    assert 0.0 < package_score(task, replies[0]) < 1.0 and package_score(task, replies[1]) == 1.0
+    assert shaper_signals(partial, task) == {"reasoning_gym": (package_score(task, replies[0]), 1.0)}
+    assert shaper_signals(partial, task, partial_credit=False) == {"reasoning_gym": (0.0, 1.0)}
+    assert shaper_signals(full, task, partial_credit=False) == {"reasoning_gym": (1.0, 1.0)}
+
+
 def test_a_scorer_that_raises_is_a_counted_failed_episode(tokenizer: Any) -> None:
     """reasoning-gym's prime_factorization raises ValueError on an answer that is not a product
     of integers (a real faulty input, no mock): the engine's scoring records it on the trajectory,

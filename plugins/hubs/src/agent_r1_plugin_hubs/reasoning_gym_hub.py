@@ -363,6 +363,7 @@ class ReasoningGymScore(RewardShaper):
     leaves out of the update (``errors/failed_episodes``; the run stops above
     ``trainer.max_error_rate``); ``zero`` scores such an answer 0 and emits a second signal,
     ``<signal_name>_error`` = 1 with weight 0, so that ``reward/<signal_name>_error`` counts them.
+    ``partial_credit: false`` keeps only full marks (a score of 1 stays 1, anything less is 0).
     """
 
     name = "reasoning_gym"
@@ -372,6 +373,12 @@ class ReasoningGymScore(RewardShaper):
 
         signal_name: str = Field(
             "reasoning_gym", min_length=1, description="name of the signal (eval.success_signal reads it)"
+        )
+        partial_credit: bool = Field(
+            True,
+            description="the package's score as it is (true), or only its full marks: 1 for a score of 1, "
+            "else 0 (false; for generators whose partial credit pays wrong answers, e.g. basic_arithmetic "
+            "gives 0.5 to -4 for 4)",
         )
         on_error: Literal["fail", "zero"] = Field(
             "fail",
@@ -405,6 +412,8 @@ class ReasoningGymScore(RewardShaper):
             if self.config.on_error == "fail":
                 raise  # recorded on the trajectory by the engine: a counted failed episode
             return [self._signal(0.0), self._signal(1.0, suffix="_error", weight=0.0)]
+        if not self.config.partial_credit:
+            value = 1.0 if value >= 1.0 else 0.0
         return [self._signal(value)]
 
     def _signal(self, value: float, *, suffix: str = "", weight: float = 1.0) -> RewardSignal:
