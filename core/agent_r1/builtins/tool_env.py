@@ -353,9 +353,9 @@ class ToolEnv(Environment):
             self._instructions = self.describe_tools(every)
             self._stop_sequences = _stop_sequences(self.format, every)
         except ValueError as exc:
+            fmt = self.config.format_spec().name
             raise ConfigError(
-                f"{self.name}: tools {list(self.tool_classes)} and format {self.config.format_spec().name!r}: "
-                f"{exc}",
+                f"{self.name}: tools {list(self.tool_classes)} and format {fmt!r}: {exc}",
                 path="environment.format",
             ) from None
 
