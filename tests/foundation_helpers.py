@@ -444,7 +444,7 @@ DISTRIBUTIONS: dict[str, PluginDistribution] = {
     ),
 }
 
-ISOLATE = "builtins,search,code,mcp"
+ISOLATE = "builtins,search,code,mcp,hubs"
 """Plugins installed in the development environment that these tests leave out (for speed and
 so that only the test distributions decide the outcome)."""
 
