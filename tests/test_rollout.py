@@ -27,7 +27,7 @@ from agent_r1.contracts import (
     Tool,
 )
 from agent_r1.engine.learner.turns import anchor_keys
-from agent_r1.errors import AgentR1Error
+from agent_r1.errors import AgentR1Error, ConfigError
 from agent_r1.mdp import Action, Observation, RewardSignal, Task, TokenSource, Trajectory
 from agent_r1.registry import Registry, get_registry, reset_registry
 from agent_r1.rollout.chat import TRUNCATION_MARKER, ChatRenderer
@@ -455,6 +455,20 @@ def test_an_environment_whose_reset_raises_fails_that_episode_only(tokenizer: An
     assert bad.termination == "env_error" and len(bad) == 0 and bad.steps == []
     assert bad.metrics["env_errors"] == 1 and "ConnectionError: no episode for t1" in bad.errors[0]
     assert backend.prompts[0] == [good.token_ids[: len(backend.prompts[0][0])]]  # only t0 was sampled
+
+
+class RefusingResetEnv(EchoEnv):
+    name = "refusing_reset"
+
+    async def reset(self, task: Task) -> EpisodeStart:
+        raise ConfigError("this task's prompt is longer than the trainer allows")
+
+
+def test_agent_r1s_own_error_in_reset_always_stops_the_rollout(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer=tokenizer, responses=["hello"])
+    engine = RolloutEngine(backend, tokenizer, RefusingResetEnv, on_env_error="end")
+    with pytest.raises(ConfigError, match="longer than the trainer allows"):
+        engine.collect(tasks(2), 1, seed=0)
 
 
 class ClosingEnv(EchoEnv):

@@ -38,7 +38,8 @@ Parse results: an environment returns what it parsed out of an action in
 ``Observation.tool_calls`` / ``answer`` / ``parse_errors``; the engine records them on the step's
 :class:`~agent_r1.mdp.Action`. Environment failures: an exception from ``Environment.step`` ends
 the episode (``on_env_error="end"``, counted, and noted in ``Trajectory.errors``) or aborts the
-run (``"raise"``); so does one from ``Environment.reset`` (the failed episode then has no tokens);
+run (``"raise"``); so does one from ``Environment.reset`` (the failed episode then has no tokens;
+an :class:`~agent_r1.errors.AgentR1Error` from ``reset`` always aborts);
 :class:`~agent_r1.errors.EnvironmentFatalError` always aborts.
 """
 
@@ -296,10 +297,11 @@ class RolloutEngine:
 
     async def _start(self, episode: _Episode) -> EpisodeStart | None:
         """``episode``'s reset; ``None`` when it raised and ``on_env_error`` is ``end`` (the error
-        is noted on the trajectory and counted, like a step's)."""
+        is noted on the trajectory and counted, like a step's). An :class:`~agent_r1.AgentR1Error`
+        (agent-r1's own verdict, e.g. a prompt a trainer cannot take) always stops the rollout."""
         try:
             return await episode.env.reset(episode.task)
-        except EnvironmentFatalError:
+        except AgentR1Error:  # agent-r1's own verdict (a config the episode cannot start with)
             raise
         except Exception as exc:
             where = (
