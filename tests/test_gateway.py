@@ -29,28 +29,11 @@ from gateway_helpers import (
     calls_of,
     run_agents,
     start_gateway,
-    teach_tool_calls,
 )
 
 from agent_r1.contracts import SamplingParams
 from agent_r1.engine.learner.batch import policy_forward
 from agent_r1.mdp import Task, TokenSource, Trajectory, load_trajectories
-
-
-@pytest.fixture(scope="module")
-def tool_model() -> tuple[Any, Any]:
-    """The tiny random Llama, fine-tuned until it calls the calculator for QUESTION by itself."""
-    from agent_r1.testing.models import tiny_model, tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    return teach_tool_calls(tiny_model(tokenizer, seed=0), tokenizer), tokenizer
-
-
-@pytest.fixture
-def gateway(tool_model: tuple[Any, Any]) -> Any:
-    gateway, backend = start_gateway(*tool_model)
-    yield gateway, backend
-    gateway.stop()
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str:

@@ -18,27 +18,18 @@ import httpx
 import openai
 import pytest
 from gateway_agent import CALCULATOR, SYSTEM
-from gateway_helpers import FINAL_TEXT, QUESTION, TOOL_CALL_TEXT, calls_of, start_gateway, teach_tool_calls
+from gateway_helpers import (  # the fixtures gateway and tool_model are in conftest.py
+    FINAL_TEXT,
+    QUESTION,
+    TOOL_CALL_TEXT,
+    calls_of,
+    start_gateway,
+)
 
 from agent_r1.mdp import TokenSource
 
 TOOL = {"type": "function", **CALCULATOR["function"]}
 """The calculator as a Responses API tool (flat)."""
-
-
-@pytest.fixture(scope="module")
-def tool_model() -> tuple[Any, Any]:
-    from agent_r1.testing.models import tiny_model, tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    return teach_tool_calls(tiny_model(tokenizer, seed=0), tokenizer), tokenizer
-
-
-@pytest.fixture
-def gateway(tool_model: tuple[Any, Any]) -> Any:
-    gateway, backend = start_gateway(*tool_model)
-    yield gateway, backend
-    gateway.stop()
 
 
 def _client(gateway: Any, episode: str) -> openai.OpenAI:
@@ -208,6 +199,10 @@ def test_responses_parameters_that_do_not_change_sampling_are_accepted(gateway: 
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "max_tool_calls": 3,
     }
+    from agent_r1.gateway.responses import RESPONSES_IGNORED_PARAMETERS
+
+    documented = {k.split(".")[0] for k in RESPONSES_IGNORED_PARAMETERS}
+    assert documented >= set(extras) - {"truncation", "reasoning", "text"}  # accepted values only
     plain = httpx.post(f"{gateway.url}/v1/responses", json=request)
     ignored = httpx.post(f"{gateway.url}/v1/responses", json={**request, **extras})
     assert plain.status_code == ignored.status_code == 200, ignored.text

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.testing.pytest_plugin import only_when_named
+
 HERE = Path(__file__).resolve().parent
 
 
-def _named_here(config: pytest.Config) -> bool:
-    for arg in config.args:
-        target = Path(str(arg).split("::")[0]).resolve()
-        if target == HERE or HERE in target.parents:
-            return True
-    return False
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if HERE in collection_path.resolve().parents and not _named_here(config):
-        return True  # the main suite: these need .venv-integrations
-    return None
+pytest_ignore_collect = only_when_named(HERE)
+"""The main suite skips this folder: its tests need their own virtual environment."""
 
 
 @pytest.fixture

