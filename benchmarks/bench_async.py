@@ -34,8 +34,13 @@ MODES = {
     "sync": {"mode": "sync"},
     "async-1": {"mode": "async", "max_staleness": 1},
     "async-2": {"mode": "async", "max_staleness": 2},
+    "async-2-one-batch": {"mode": "async", "max_staleness": 2, "async_batches": 1},
     "async-1-process": {"mode": "async", "max_staleness": 1, "async_worker": "process"},
+    "async-1-ranks": {"mode": "async", "max_staleness": 1, "async_worker": "ranks"},
+    "async-2-ranks": {"mode": "async", "max_staleness": 2, "async_worker": "ranks"},
 }
+"""The ``-ranks`` modes run ``agent-r1 train`` under torchrun (2 processes: rank 0 trains, rank 1
+rolls out); the others run the steps in one process."""
 
 
 def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +95,8 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         config["environment"] = {"name": "toy_single_turn"}
         config["rollout"].update(max_turns=1, max_new_tokens=24)
         config["trainer"].update(lr=1e-5 if "smollm2" in spec["model"] else 3e-2)
+    if config["rollout"].get("async_worker") == "ranks":
+        return _run_ranks_arm(spec, config)
     run = RunConfig.model_validate(config)
     session = build_session(run, validate_components(run, registry), run.output_dir, registry=registry)
     started = time.perf_counter()
@@ -104,6 +111,68 @@ def run_arm(spec: dict[str, Any]) -> dict[str, Any]:
         "wall_s": wall,
         "late_reward": sum(rewards[-3:]) / len(rewards[-3:]),
         "held_out": float(held_out["success"]),
+        "trainer_idle_share": statistics.mean(m.get("async/trainer_idle_share", 0.0) for m in metrics),
+        "staleness_max": max(m.get("async/staleness_max", 0.0) for m in metrics),
+        "partial_share": statistics.mean(m.get("async/partial_share", 0.0) for m in metrics),
+    }
+
+
+def _run_ranks_arm(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """An arm of ``rollout.async_worker: ranks``: ``agent-r1 train`` under torchrun on 2 processes;
+    the wall time is the sum of its steps' ``time/step_s`` (model loading excluded, as in the
+    in-process arms), the held-out success its evaluation after training."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    from agent_r1.testing.plugins import write_plugin_distribution
+
+    work = Path(spec["work"])
+    plugin = work / "plugin"
+    write_plugin_distribution(
+        plugin, "agent-r1-bench-toy", files={}, entry_points={"toy": "agent_r1.testing.toy"}
+    )
+    config["trackers"] = [{"name": "jsonl"}]
+    path = work / "run.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    threads = str(spec.get("threads", 1))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(plugin),
+        "OMP_NUM_THREADS": threads,
+        "AGENT_R1_STRICT_PLUGINS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "-m",
+        "agent_r1.cli",
+        "train",
+        str(path),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the ranks arm failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    run_dir = Path(config["output_dir"])
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rewards = [m["reward/answer_match"] for m in metrics]
+    return {
+        "mode": spec["mode"],
+        "seed": spec["seed"],
+        "wall_s": sum(m["time/step_s"] for m in metrics),
+        "late_reward": sum(rewards[-3:]) / len(rewards[-3:]),
+        "held_out": float(summary["after"]["success"]),
         "trainer_idle_share": statistics.mean(m.get("async/trainer_idle_share", 0.0) for m in metrics),
         "staleness_max": max(m.get("async/staleness_max", 0.0) for m in metrics),
         "partial_share": statistics.mean(m.get("async/partial_share", 0.0) for m in metrics),
@@ -159,7 +228,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="sync,async-1,async-2",
-        help="comma-separated: sync, async-1, async-2, async-1-process",
+        help="comma-separated: " + ", ".join(MODES),
     )
     parser.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, no waiting, in-process")
     parser.add_argument("--out", default=str(RESULTS))

@@ -19,7 +19,13 @@ from trainer_helpers import toy_config
 
 from agent_r1.config import RunConfig, validate_components
 from agent_r1.engine import train_step
-from agent_r1.engine.asynchrony import AsyncRollouts, RolloutWeights, StalenessGate, staleness_metrics
+from agent_r1.engine.asynchrony import (
+    AsyncRollouts,
+    RolloutsClosed,
+    RolloutWeights,
+    StalenessGate,
+    staleness_metrics,
+)
 from agent_r1.mdp import TokenSource, Trajectory
 
 # ---------------------------------------------------------------------------------------------
@@ -41,10 +47,12 @@ def _fake_session(max_staleness: int, steps: int) -> Any:
     eta=st.sampled_from([0, 1, 2, 4]),
     steps=st.integers(1, 7),
     seed=st.integers(0, 10_000),
+    lanes=st.integers(1, 3),
 )
 def test_no_trained_trajectory_exceeds_the_staleness_bound_and_nothing_is_lost(
-    eta: int, steps: int, seed: int
+    eta: int, steps: int, seed: int, lanes: int
 ) -> None:
+    """Random rollout and update durations, up to ``lanes`` batches rolled out at once."""
     rng = random.Random(seed)
     rollout_times = [rng.uniform(0, 0.004) for _ in range(steps)]
     train_times = [rng.uniform(0, 0.004) for _ in range(steps)]
@@ -52,8 +60,12 @@ def test_no_trained_trajectory_exceeds_the_staleness_bound_and_nothing_is_lost(
     produced: list[tuple[int, int]] = []
     lock = threading.Lock()
 
-    def produce(batch: int) -> Any:
+    busy: set[int] = set()
+
+    def produce(batch: int, lane: int, tasks: Any) -> Any:
         with lock:
+            assert lane not in busy and 0 <= lane < lanes  # a lane runs one batch at a time
+            busy.add(lane)
             version = pushed[0]
             produced.append((batch, version))
         trajectories = []
@@ -65,9 +77,11 @@ def test_no_trained_trajectory_exceeds_the_staleness_bound_and_nothing_is_lost(
                     trajectory.turn_versions[turn] = max(version, pushed[0] if turn else version)
                 time.sleep(rollout_times[batch] / 3)
             trajectories.append(trajectory)
+        with lock:
+            busy.discard(lane)
         return trajectories, [], {}
 
-    producer = AsyncRollouts(_fake_session(eta, steps), produce=produce)
+    producer = AsyncRollouts(_fake_session(eta, steps), produce=produce, lanes=lanes)
     try:
         for update in range(steps):
             trajectories, _failed, metrics = producer.take(update)
@@ -80,7 +94,7 @@ def test_no_trained_trajectory_exceeds_the_staleness_bound_and_nothing_is_lost(
             producer.pushed(None, update + 1)
     finally:
         producer.close()
-    assert [batch for batch, _ in produced] == list(range(steps))  # each batch once, none extra
+    assert sorted(batch for batch, _ in produced) == list(range(steps))  # each batch once, none extra
     assert all(batch - version <= eta for batch, version in produced)
     if eta == 0:
         assert all(batch == version for batch, version in produced)  # sync: after the previous update
@@ -127,6 +141,32 @@ def test_staleness_metrics_count_lags_and_partial_rollouts() -> None:
 # ---------------------------------------------------------------------------------------------
 # A weight sync in the middle of an episode, real backend
 # ---------------------------------------------------------------------------------------------
+
+
+def test_a_push_waits_for_no_backend_call_and_closing_ends_the_next_one() -> None:
+    model = torch.nn.Linear(2, 2)
+    weights = RolloutWeights(model, version=0)
+    inside, leave = threading.Event(), threading.Event()
+
+    def call() -> None:
+        with weights.generating():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert inside.wait(5)
+    pusher = threading.Thread(target=weights.push, args=(torch.nn.Linear(2, 2), 1))
+    pusher.start()
+    pusher.join(2)
+    assert not pusher.is_alive() and not leave.is_set()  # staged while the call still ran
+    leave.set()
+    thread.join()
+    with weights.generating() as version:  # the next call applies it
+        assert version == 1 and weights.applied == 1
+    weights.stop()
+    with pytest.raises(RolloutsClosed), weights.generating():
+        pass
 
 
 def test_turns_after_a_mid_episode_weight_sync_come_from_the_new_weights(tiny_tokenizer: Any) -> None:
@@ -234,10 +274,12 @@ def test_async_run_trains_within_its_bound_and_checkpoints_the_untrained_tasks(
     sync = _session(_multi_turn(model_dir, tmp_path / "s"), registry)
     try:
         results = [train_step(session) for _ in range(3)]
-        for _ in range(3):
-            train_step(sync)
-        for result in results:
+        synced = [train_step(sync) for _ in range(3)]
+        for result, same in zip(results, synced, strict=True):
             metrics = result.metrics
+            # two batches rolled out at once (max_staleness + 1), each on the tasks sync mode trains
+            assert metrics["async/lanes"] == 2
+            assert [t.task_id for t in result.trajectories] == [t.task_id for t in same.trajectories]
             assert metrics["async/staleness_max"] <= 1
             assert metrics["async/staleness_0"] + metrics["async/staleness_1"] == len(result.trajectories)
             for name in ("trainer_idle_share", "rollout_idle_share", "queue_length", "weight_push_s"):
@@ -250,12 +292,58 @@ def test_async_run_trains_within_its_bound_and_checkpoints_the_untrained_tasks(
         sync.close()
 
 
-def test_async_mode_needs_the_engine_and_the_hf_backend(model_dir: Path, tmp_path: Path) -> None:
-    config = _multi_turn(model_dir, tmp_path / "x", mode="async", backend={"name": "vllm"})
-    with pytest.raises(
-        ValueError, match=r"rollout\.mode async runs agent-r1's own agent loop on the 'hf' backend"
-    ):
+def test_the_next_batch_starts_while_the_previous_one_finishes(
+    registry: Any, model_dir: Path, tmp_path: Path
+) -> None:
+    """Lanes: batch 1 (allowed at once under ``max_staleness: 1``) starts before batch 0 ends;
+    with ``async_batches: 1`` it waits for it."""
+    events: dict[int, list[tuple[str, int]]] = {}
+    for lanes in (1, 2):
+        config = _multi_turn(
+            model_dir, tmp_path / str(lanes), mode="async", max_staleness=1, async_batches=lanes
+        )
+        config["environment"]["latency_s"] = 0.05  # every observation waits, like a tool
+        session = _session(config, registry)
+        log: list[tuple[str, int]] = []
+
+        class Recording(AsyncRollouts):
+            def _collect(self, batch: int, lane: int, tasks: Any, log: list[Any] = log) -> Any:
+                log.append(("start", batch))
+                try:
+                    return super()._collect(batch, lane, tasks)
+                finally:
+                    log.append(("end", batch))
+
+        try:
+            session.async_rollouts = Recording(session)
+            for _ in range(2):
+                train_step(session)
+        finally:
+            session.close()
+        events[lanes] = log
+    assert events[1][:3] == [("start", 0), ("end", 0), ("start", 1)]
+    assert events[2][:2] == [("start", 0), ("start", 1)]
+
+
+def test_a_worker_process_needs_the_engine_and_the_hf_backend(model_dir: Path, tmp_path: Path) -> None:
+    config = _multi_turn(
+        model_dir, tmp_path / "x", mode="async", backend={"name": "vllm"}, async_worker="process"
+    )
+    with pytest.raises(ValueError, match=r"rollout\.async_worker 'process' runs agent-r1's own agent loop"):
         RunConfig.model_validate(config)
+
+
+def test_a_backend_without_a_replica_is_refused_by_name() -> None:
+    from agent_r1.engine.asynchrony import async_source, rollout_replica
+    from agent_r1.errors import AgentR1Error
+
+    class Plain:
+        name = "plain"
+
+    with pytest.raises(AgentR1Error, match=r"rollout backend 'plain' has no async_replica\(\)"):
+        rollout_replica(Plain(), 0)
+    with pytest.raises(AgentR1Error, match=r"rollout source 'plain' has no async_copy\(\)"):
+        async_source(Plain(), None, None)
 
 
 # ---------------------------------------------------------------------------------------------

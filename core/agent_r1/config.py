@@ -213,19 +213,39 @@ class RolloutConfig(_Section):
         "max_staleness or newer (0 reproduces sync mode exactly)",
     )
 
-    async_worker: Literal["thread", "process"] = Field(
+    async_worker: Literal["thread", "process", "ranks"] = Field(
         "thread",
         description="async: where the rollouts run: a thread of the training process on a copy of "
-        "the policy, or a worker process of their own (weights through shared memory)",
+        "the policy, a worker process of their own (weights through shared memory), or the other "
+        "processes of a torchrun / accelerate launch whose rank 0 trains (weights and trajectories "
+        "through torch.distributed)",
+    )
+    async_batches: int | None = Field(
+        None,
+        ge=1,
+        description="async_worker thread or ranks: how many batches may be rolled out at once (per "
+        "rollout process), each on a backend of its own over the rollout copy of the weights, so that "
+        "the next batch starts while the previous one's slow episodes finish; unset: max_staleness + 1 "
+        "(the most the bound lets start); 1 with dynamic sampling, the gateway source or vllm",
+    )
+    rollout_processes: int | None = Field(
+        None,
+        ge=1,
+        description="async_worker ranks: how many launched processes roll out (the launch must "
+        "start this many plus one trainer); unset: every process but rank 0",
     )
 
     @model_validator(mode="after")
     def _check_source(self) -> RolloutConfig:
-        if self.mode == "async" and (self.source != "engine" or self.backend.name != "hf"):
+        if (
+            self.mode == "async"
+            and self.async_worker != "thread"
+            and (self.source != "engine" or self.backend.name != "hf")
+        ):
             raise ValueError(
-                f"rollout.mode async runs agent-r1's own agent loop on the 'hf' backend; got "
-                f"rollout.source={self.source!r} and rollout.backend {self.backend.name!r}: use "
-                "rollout.mode sync for these"
+                f"rollout.async_worker {self.async_worker!r} runs agent-r1's own agent loop on the 'hf' "
+                f"backend; got rollout.source={self.source!r} and rollout.backend {self.backend.name!r}: "
+                "use rollout.async_worker: thread for these"
             )
         if self.source == "gateway":
             if self.agent.command is None and self.agent.callable is None:

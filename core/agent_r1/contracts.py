@@ -489,6 +489,16 @@ class RolloutBackend(Component):
         each training step's metrics. Since: 0.2.0 (default: none)."""
         return {}
 
+    # Optional, for ``rollout.mode: async`` (looked up with getattr, so not declared here):
+    # ``async_replica(version) -> (backend, weights)``: the backend the background rollouts generate
+    # with, and the guard of its weights, with ``push(model, version)`` (the trainer's new weights,
+    # staged), ``generating(swap=True)`` (a context manager around one backend call that applies a
+    # staged push first when ``swap`` and yields the version the call runs with) and ``version``.
+    # The ``hf`` backend returns a copy of itself over a frozen copy of the policy (and offers
+    # ``lane()``: another backend over that copy, so that several batches can be rolled out at
+    # once); the ``vllm`` backend returns itself (vLLM keeps its own copy of the weights) and a
+    # :class:`~agent_r1.builtins.vllm_backend.VLLMWeights` guard that stages pushes in CPU memory.
+
 
 class Tracker(Component):
     """Receives metrics once per step (never per token)."""

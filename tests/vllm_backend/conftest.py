@@ -50,3 +50,14 @@ def vllm_backend(smollm2: tuple[Any, Any]) -> Iterator[Any]:
 def fresh_smollm2(smollm2: tuple[Any, Any]) -> Any:
     """A copy of SmolLM2 a test may change."""
     return copy.deepcopy(smollm2[0])
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama checkpoint vLLM's CPU attention serves (head size 32), with the tiny
+    ChatML tokenizer: an engine boots in a few seconds and generates fast."""
+    from agent_r1.testing.models import save_tiny_model, tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, hidden=64, heads=2, seed=0)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-vllm-async"), model, tokenizer)

@@ -245,6 +245,23 @@ class HFBackend(RolloutBackend):
         self.policy_version = version
         self._drop_kept()
 
+    def async_replica(self, version: int) -> tuple[HFBackend, Any]:
+        """For ``rollout.mode: async``: a backend of its own over a frozen copy of the policy, and
+        the guard of that copy's weights (:class:`~agent_r1.engine.asynchrony.RolloutWeights`: the
+        trainer's pushes, applied between backend calls)."""
+        import copy
+
+        from agent_r1.engine.asynchrony import RolloutWeights
+
+        model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return type(self)(self.config, model=model, tokenizer=self.tokenizer), RolloutWeights(model, version)
+
+    def lane(self) -> HFBackend:
+        """Another backend over the same model, with KV caches and figures of its own: asynchronous
+        rollouts run several batches at once, one per lane, their backend calls taking turns under
+        the weights guard."""
+        return type(self)(self.config, model=self.model, tokenizer=self.tokenizer)
+
     def end_rollout(self) -> None:
         """The batch of episodes ended: no later prompt continues its rows, so the kept caches go
         now rather than at the next weight sync (they would sit in memory through the update)."""

@@ -17,6 +17,7 @@ No hooks, trackers or files here: the runner owns those.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -31,7 +32,10 @@ from agent_r1.errors import AgentR1Error
 from agent_r1.mdp import RewardSignal, Task, Trajectory
 from agent_r1.rollout.generation import RolloutRequest
 
-__all__ = ["all_gather", "collect", "flat_groups", "rollout", "score", "step_seed"]
+__all__ = ["all_gather", "collect", "flat_groups", "my_tasks", "rollout", "score", "step_seed"]
+
+_SCORING = threading.Lock()
+"""Reward shapers score one batch at a time, also when asynchronous rollouts collect several."""
 
 
 def step_seed(session: Session, step: int, round_: int = 0) -> int:
@@ -82,9 +86,10 @@ def rollout(
             on_progress=bar.update,
         )
         trajectories = source.rollout(request)
-    started = time.perf_counter()
-    score(session, trajectories, {t.id: t for t in tasks})
-    elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
+    with _SCORING:
+        started = time.perf_counter()
+        score(session, trajectories, {t.id: t for t in tasks})
+        elapsed = (time.perf_counter() - started) / max(len(trajectories), 1)
     for trajectory in trajectories:  # the scoring time, shared out, so that steps can sum it
         trajectory.metrics["reward_s"] = elapsed
     return all_gather(session, trajectories) if spread else trajectories
@@ -130,25 +135,37 @@ def score(session: Session, trajectories: Sequence[Trajectory], tasks: dict[str,
 
 
 def collect(
-    session: Session, step: int, *, source: RolloutSource | None = None, version: int | None = None
+    session: Session,
+    step: int,
+    *,
+    source: RolloutSource | None = None,
+    version: int | None = None,
+    tasks: list[Task] | None = None,
 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     """This process's scored trajectories for training step ``step``, the episodes set aside because
     their environment or a reward shaper failed, and rollout metrics. ``source``/``version``: see
-    :func:`rollout` (asynchronous rollouts collect on their own copy of the policy)."""
+    :func:`rollout` (asynchronous rollouts collect on their own copy of the policy); ``tasks``: the
+    step's tasks, already drawn from the task stream (asynchronous rollouts draw them in order
+    before rolling out several steps at once); by default they are drawn here."""
     started = time.perf_counter()
     source = source if source is not None else session.source
     assert source is not None
     source.step_metrics()  # drop the figures of evaluation rollouts since the last step
     with session.rollout_weights():  # sharded: gathered once for every rollout of the step
-        return _collect(session, step, started, source, version)
+        return _collect(session, step, started, source, version, tasks)
 
 
 def _collect(
-    session: Session, step: int, started: float, source: RolloutSource, version: int | None
+    session: Session,
+    step: int,
+    started: float,
+    source: RolloutSource,
+    version: int | None,
+    drawn: list[Task] | None,
 ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
     config = session.config
     group_size, temperature = config.rollout.group_size, config.rollout.temperature
-    tasks = _my_tasks(session)
+    tasks = drawn if drawn is not None else my_tasks(session)
     seen = {t.id: t for t in tasks}
     options = {"source": source, "version": version}
     trajectories = rollout(
@@ -174,7 +191,7 @@ def _collect(
         rounds = 0
         while len({t.group_id for t in kept}) < len(tasks) and rounds < config.algorithm.max_refill_rounds:
             rounds += 1
-            more = _my_tasks(session)
+            more = my_tasks(session)
             seen.update((t.id, t) for t in more)
             extra = rollout(
                 session,
@@ -229,7 +246,7 @@ def flat_groups(trajectories: Sequence[Trajectory]) -> set[str]:
     return {g for g, size in sizes.items() if size > 1 and scores_all_equal(scores[g])}
 
 
-def _my_tasks(session: Session) -> list[Task]:
+def my_tasks(session: Session) -> list[Task]:
     """This process's share of the next global batch of tasks (every process draws the same global
     batch from identically seeded streams, then keeps every ``world``-th task)."""
     assert session.stream is not None

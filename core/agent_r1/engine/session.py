@@ -127,6 +127,9 @@ class Session:
     async_rollouts: Any = None
     """The producer of ``rollout.mode: async`` (:class:`~agent_r1.engine.asynchrony.AsyncRollouts`),
     started at the first training step."""
+    launch_role: Any = None
+    """This process's role in a ``rollout.async_worker: ranks`` launch
+    (:class:`~agent_r1.engine.asynchrony.ranks.LaunchRole`), set by the runner; None otherwise."""
     gateway: Any = None
     """The policy gateway of ``rollout.source: gateway`` (started on the first rollout; see
     :mod:`agent_r1.gateway.training`), stopped by :meth:`close`."""

@@ -102,6 +102,13 @@ class EngineSource:
         finally:
             engine.on_progress = None
 
+    def async_copy(self, backend: Any, weights: Any) -> EngineSource:
+        """This source over another backend, generating under ``weights`` (asynchronous rollouts'
+        replica: :meth:`~agent_r1.contracts.RolloutBackend.async_replica`)."""
+        source = EngineSource(self.session, backend=backend)
+        source.engine.weights = weights
+        return source
+
     def step_metrics(self) -> dict[str, float]:
         return {}
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent_r1.engine.asynchrony import AsyncRollouts, ProcessRollouts
 from agent_r1.engine.collect import all_gather, collect
 from agent_r1.engine.reports.health import step_figures, trajectory_counts
 from agent_r1.engine.session import Session
 from agent_r1.engine.update import update
-from agent_r1.errors import TrainingAborted
+from agent_r1.errors import AgentR1Error, TrainingAborted
 from agent_r1.mdp import Trajectory
 
 __all__ = ["StepResult", "train_step"]
@@ -64,13 +65,26 @@ def train_step(session: Session) -> StepResult:
     return StepResult(metrics, trajectories, failed)
 
 
-def _async_rollouts(session: Session) -> AsyncRollouts | ProcessRollouts | None:
+def _async_rollouts(session: Session) -> Any:
     """The session's producer of ``rollout.mode: async`` (started at its first step), or None."""
     if session.config.rollout.mode != "async":
         return None
     if session.async_rollouts is None:
         worker = session.config.rollout.async_worker
-        session.async_rollouts = ProcessRollouts(session) if worker == "process" else AsyncRollouts(session)
+        if worker == "ranks":
+            from agent_r1.engine.asynchrony.ranks import RankRollouts
+
+            if session.launch_role is None:
+                raise AgentR1Error(
+                    "rollout.async_worker ranks needs the processes of a launch: run `torchrun "
+                    "--nproc_per_node 2 -m agent_r1.cli train run.yaml ...` (rank 0 trains, the others "
+                    "roll out), or use rollout.async_worker: thread or process"
+                )
+            session.async_rollouts = RankRollouts(session, session.launch_role)
+        elif worker == "process":
+            session.async_rollouts = ProcessRollouts(session)
+        else:
+            session.async_rollouts = AsyncRollouts(session)
     return session.async_rollouts  # type: ignore[no-any-return]
 
 

@@ -6,7 +6,9 @@ Each call goes through the same steps: validate the body, find its episode, buil
 can), cap the tokens it may sample by its limit and the room left in the context, pick its
 sampling settings (a training rollout's replace a request's own), generate through the
 :class:`~agent_r1.gateway.scheduler.GenerationScheduler`, record the call in its episode, and
-answer with an OpenAI response object or a stream of server-sent events.
+answer with an OpenAI response object or a stream of server-sent events. Every response object and
+chunk names the weights version that generated the call in its ``system_fingerprint``
+(``agent-r1-policy-v{N}``, :func:`~agent_r1.gateway.protocol.policy_fingerprint`).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from agent_r1.gateway.protocol import (
     new_id,
     openai_tool_calls,
     parse_request,
+    policy_fingerprint,
     structured_format,
     structured_instruction,
     with_instruction,
 )
 from agent_r1.gateway.recorder import CallPlan, Episode
+from agent_r1.gateway.scheduler import Generated
 from agent_r1.gateway.tools import ParsedReply
 from agent_r1.mdp import Message
 
@@ -57,6 +61,7 @@ __all__ = [
     "check_model",
     "complete",
     "episode_of",
+    "fingerprint",
     "pieces",
     "token_logprobs",
 ]
@@ -65,13 +70,16 @@ __all__ = [
 @dataclass
 class SampledCall:
     """One call's generation and what the gateway made of it: the finish reason (``context`` when
-    the room left in the conversation cut it), the action text and the generation time."""
+    the room left in the conversation cut it), the action text, the generation time, and the
+    weights version that generated it (``None`` without a weights guard: the backend's
+    ``policy_version``)."""
 
     prompt: list[int]
     generation: Generation
     finish: str
     text: str
     generation_s: float
+    version: int | None = None
 
 
 # -- the two calls ----------------------------------------------------------------------------------
@@ -115,6 +123,7 @@ async def chat(gateway: PolicyGateway, body: Any, path_episode: str | None) -> A
         prompt_tokens=len(call.prompt),
         completion_tokens=len(call.generation.token_ids),
         logprobs=logprobs,
+        fingerprint=fingerprint(gateway, call),
     )
 
 
@@ -231,6 +240,7 @@ async def complete(gateway: PolicyGateway, body: Any, path_episode: str | None) 
         prompt_tokens=len(prompt),
         completion_tokens=len(call.generation.token_ids),
         logprobs=logprobs,
+        fingerprint=fingerprint(gateway, call),
     )
 
 
@@ -355,26 +365,34 @@ async def _sample(
     """Generate one call within its token budget; its finish reason and action text."""
     budget, limit = _budget(gateway, prompt, asked)
     sampling = _sampling(gateway, request, stops, budget)
-    generation, elapsed = await _generate(gateway, prompt, sampling, budget)
+    generated, elapsed = await _generate(gateway, prompt, sampling, budget)
+    generation = generated.generation
     finish = generation.finish_reason
     if finish == "length" and budget < limit:
         finish = "context"  # the conversation's room, not the call's token limit, cut it
     text = gateway.renderer.action_text(generation.token_ids, finish)
-    return SampledCall(prompt=prompt, generation=generation, finish=finish, text=text, generation_s=elapsed)
+    return SampledCall(
+        prompt=prompt,
+        generation=generation,
+        finish=finish,
+        text=text,
+        generation_s=elapsed,
+        version=generated.version,
+    )
 
 
 async def _generate(
     gateway: PolicyGateway, prompt: list[int], sampling: SamplingParams, budget: int
-) -> tuple[Generation, float]:
+) -> tuple[Generated, float]:
     try:
-        future: Future[Generation] = gateway.scheduler.submit(prompt, sampling, budget)
+        future: Future[Generated] = gateway.scheduler.submit(prompt, sampling, budget)
     except UnavailableError:
         gateway.count("rejected_calls")
         raise
     started = time.perf_counter()
     timeout = gateway.settings.request_timeout_s
     try:
-        generation = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        generated = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
     except asyncio.TimeoutError:
         future.cancel()
         gateway.count("timeouts")
@@ -390,7 +408,14 @@ async def _generate(
             f"the rollout backend {gateway.backend.name!r} failed: {type(exc).__name__}: {exc}",
             code="backend_error",
         ) from exc
-    return generation, time.perf_counter() - started
+    return generated, time.perf_counter() - started
+
+
+def fingerprint(gateway: PolicyGateway, call: SampledCall) -> str:
+    """The ``system_fingerprint`` of a call: the version of the weights that generated it (the
+    guard's in asynchronous rollouts, else the backend's ``policy_version``)."""
+    version = call.version if call.version is not None else getattr(gateway.backend, "policy_version", 0)
+    return policy_fingerprint(version)
 
 
 def _record(
@@ -413,6 +438,7 @@ def _record(
         completion_id=completion_id,
         generation_s=call.generation_s,
         finish_reason=call.finish,
+        version=call.version,
     )
 
 
@@ -468,8 +494,11 @@ async def _chat_events(
     logprobs: list[dict[str, Any]] | None,
     include_usage: bool,
 ) -> AsyncIterator[str]:
+    stamp = fingerprint(gateway, call)
+
     def event(**fields: Any) -> str:
-        return _event(chat_chunk(response_id=completion_id, model=model, **fields), ensure_ascii=False)
+        chunk = chat_chunk(response_id=completion_id, model=model, fingerprint=stamp, **fields)
+        return _event(chunk, ensure_ascii=False)
 
     yield event(delta={"role": "assistant", "content": ""})
     content = reply.content or ""
@@ -496,8 +525,10 @@ async def _completion_events(
     call: SampledCall,
     include_usage: bool,
 ) -> AsyncIterator[str]:
+    stamp = fingerprint(gateway, call)
+
     def event(**fields: Any) -> str:
-        return _event(completion_chunk(response_id=completion_id, model=model, **fields))
+        return _event(completion_chunk(response_id=completion_id, model=model, fingerprint=stamp, **fields))
 
     for piece in pieces(gateway, call.generation.token_ids, visible):
         yield event(text=piece)

@@ -24,6 +24,11 @@ becomes one :class:`~agent_r1.Trajectory` of the episode: a token sequence that 
 pass can score, which two diverging contexts cannot share. The first keeps the episode's
 trajectory id; later ones get ``~seg1``, ``~seg2``...
 
+**Versions.** A call generated under a weights guard (asynchronous rollouts) records the version
+of the weights that generated it on its turn (:attr:`~agent_r1.Trajectory.turn_versions`), so that
+an episode whose weights changed between calls is seen as a partial rollout and its staleness is
+that of its first call.
+
 **Finishing.** :meth:`EpisodeRecorder.finish` closes the episode: every segment gets the agent's
 final answer on its last step (so outcome reward shapers score each segment by the episode's
 outcome), the rewards posted for the episode (outcome rewards on every segment, a process reward
@@ -118,6 +123,9 @@ class CallRecord:
     chain: int
     turn: int
     generation_s: float
+    version: int | None = None
+    """The weights version that generated it (``None``: no weights guard, the episode's
+    ``policy_version``)."""
 
     @property
     def context(self) -> list[int]:
@@ -439,8 +447,10 @@ class EpisodeRecorder:
         completion_id: str,
         generation_s: float,
         finish_reason: str | None = None,
+        version: int | None = None,
     ) -> CallRecord:
-        """Record a generated call and append it to its segment (see the module docstring). Raises
+        """Record a generated call and append it to its segment (see the module docstring);
+        ``version``: the weights version that generated it, recorded on its turn. Raises
         :class:`ConflictError` when the episode was finished meanwhile, and
         :class:`~agent_r1.errors.TrajectoryError` if the segment's tokens would not be exactly
         ``prompt + completion`` (a bug, never expected)."""
@@ -469,6 +479,8 @@ class EpisodeRecorder:
             chain = episode.chains[chain_index]
             trajectory = chain.trajectory
             trajectory.append(TokenSource.POLICY, turn, ids, logprobs)
+            if version is not None:
+                trajectory.turn_versions[turn] = version
             call = CallRecord(
                 index=len(episode.calls),
                 completion_id=completion_id,
@@ -478,6 +490,7 @@ class EpisodeRecorder:
                 chain=chain_index,
                 turn=turn,
                 generation_s=generation_s,
+                version=version,
             )
             if trajectory.token_ids != call.context:
                 raise TrajectoryError(

@@ -10,6 +10,13 @@ settings and calls ``backend.generate`` once per group, each prompt with its own
 Between training rollouts the trainer :meth:`~GenerationScheduler.pause` s the scheduler: new jobs
 are refused and the call returns once the running batch is done, so that no generation ever
 overlaps an optimizer step.
+
+With a weights guard (``rollout.mode: async``: the rollout copy's
+:class:`~agent_r1.engine.asynchrony.RolloutWeights`), every ``generate`` call runs inside
+``weights.generating()``, which applies the trainer's latest pushed weights first, and each job's
+result carries the version that generated it. A gateway call is always a whole assistant turn of
+its own (the recorder gives every call its own turn index), so every call may take new weights:
+unlike the engine's loop, no call continues a turn that older weights began.
 """
 
 from __future__ import annotations
@@ -19,13 +26,24 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent_r1.contracts import Generation, RolloutBackend, SamplingParams
 from agent_r1.gateway.protocol import UnavailableError
 from agent_r1.rollout.generation import generate_within_budgets, takes_budgets
 
-__all__ = ["GenerationScheduler"]
+__all__ = ["Generated", "GenerationScheduler"]
+
+
+@dataclass
+class Generated:
+    """What a job gets back: its generation and the weights version that generated it (``None``
+    without a weights guard: the backend's own ``policy_version`` holds)."""
+
+    generation: Generation
+    version: int | None = None
 
 
 @dataclass
@@ -33,18 +51,27 @@ class _Job:
     prompt: list[int]
     sampling: SamplingParams
     budget: int
-    future: Future[Generation] = field(default_factory=Future)
+    future: Future[Generated] = field(default_factory=Future)
 
 
 class GenerationScheduler:
     """Serialises and batches ``backend.generate`` calls (see the module docstring).
 
-    ``max_batch`` caps the prompts of one ``generate`` call. :attr:`stats` counts batches, prompts
-    and generated tokens since the last :meth:`take_stats`.
+    ``max_batch`` caps the prompts of one ``generate`` call. ``weights``: the guard of the backend's
+    weights (``generating()``, asynchronous rollouts), or ``None``. :attr:`stats` counts batches,
+    prompts and generated tokens since the last :meth:`take_stats`.
     """
 
-    def __init__(self, backend: RolloutBackend, *, batch_wait_s: float = 0.02, max_batch: int = 256) -> None:
+    def __init__(
+        self,
+        backend: RolloutBackend,
+        *,
+        batch_wait_s: float = 0.02,
+        max_batch: int = 256,
+        weights: Any = None,
+    ) -> None:
         self.backend = backend
+        self.weights = weights
         self.batch_wait_s = batch_wait_s
         self.max_batch = max_batch
         self._jobs: list[_Job] = []
@@ -60,8 +87,8 @@ class GenerationScheduler:
         self._thread.start()
 
     # -- control ----------------------------------------------------------------------------------
-    def submit(self, prompt: Sequence[int], sampling: SamplingParams, budget: int) -> Future[Generation]:
-        """Queue one prompt; the future gives its :class:`~agent_r1.Generation`. Raises
+    def submit(self, prompt: Sequence[int], sampling: SamplingParams, budget: int) -> Future[Generated]:
+        """Queue one prompt; the future gives its :class:`Generated`. Raises
         :class:`~agent_r1.gateway.protocol.UnavailableError` while paused or closed."""
         job = _Job(list(prompt), sampling, budget)
         with self._condition:
@@ -157,7 +184,7 @@ class GenerationScheduler:
                 sampling.seed = self._seeds.randrange(1 << 62)
             started = time.perf_counter()
             try:
-                generations = self._generate(
+                generations, version = self._generate(
                     [job.prompt for job in group], sampling, [job.budget for job in group]
                 )
             except BaseException as exc:  # every waiting caller gets the backend's failure
@@ -172,11 +199,16 @@ class GenerationScheduler:
             self.stats["generate_s"] += time.perf_counter() - started
             self.stats["max_batch"] = max(self.stats["max_batch"], float(len(group)))
             for job, generation in zip(group, generations, strict=True):
-                job.future.set_result(generation)
+                job.future.set_result(Generated(generation, version))
 
     def _generate(
         self, prompts: list[list[int]], sampling: SamplingParams, budgets: list[int]
-    ) -> list[Generation]:
-        return generate_within_budgets(
-            self.backend, prompts, sampling, budgets, with_budgets=self._takes_budgets
-        )
+    ) -> tuple[list[Generation], int | None]:
+        """One backend call, under the weights guard when there is one (see the module docstring);
+        the generations and the version that made them."""
+        guard = self.weights.generating(swap=True) if self.weights is not None else nullcontext(None)
+        with guard as version:
+            generations = generate_within_budgets(
+                self.backend, prompts, sampling, budgets, with_budgets=self._takes_budgets
+            )
+        return generations, version

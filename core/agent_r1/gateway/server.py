@@ -99,6 +99,9 @@ class GatewaySettings:
 class PolicyGateway:
     """An OpenAI-compatible server over ``backend`` that records token-faithful episodes (see the
     module docstring). ``fmt`` is the tool-call format used to show tools and read calls back.
+    ``weights``: the guard of the backend's weights in asynchronous rollouts
+    (:class:`~agent_r1.engine.asynchrony.RolloutWeights`): every generation then runs under it,
+    takes the trainer's latest pushed weights, and records their version on its call's turn.
 
     Run it in a background thread with :meth:`start` (training, tests) or in the foreground with
     :meth:`serve` (``agent-r1 serve-policy``).
@@ -110,15 +113,18 @@ class PolicyGateway:
         tokenizer: Any,
         fmt: ToolCallFormat,
         settings: GatewaySettings,
+        *,
+        weights: Any = None,
     ) -> None:
         require_server_packages()
         self.backend = backend
+        self.weights = weights
         self.tokenizer = tokenizer
         self.settings = settings
         self.renderer = ChatRenderer(tokenizer)
         self.rendering = ToolRendering(self.renderer, fmt)
         self.recorder = EpisodeRecorder(self.renderer, self.rendering, open_on_demand=settings.open_on_demand)
-        self.scheduler = GenerationScheduler(backend, batch_wait_s=settings.batch_wait_s)
+        self.scheduler = GenerationScheduler(backend, batch_wait_s=settings.batch_wait_s, weights=weights)
         self.responses = ResponseStore()
         """Responses API responses kept for ``previous_response_id``."""
         if not settings.open_on_demand:  # a trainer's gateway takes calls during its rollouts only

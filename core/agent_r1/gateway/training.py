@@ -16,6 +16,16 @@ each rollout (training steps, evaluation, ReMax baselines) to :func:`gateway_rol
 
 The reward shapers then score the trajectories as usual (the final answer the program printed is
 on each segment's last step).
+
+**Asynchronous rollouts** (``rollout.mode: async``): :meth:`GatewaySource.async_copy` gives the
+background rollouts a source of their own, with a second gateway (on a free port of the same host)
+over the rollout replica of the backend. Every generation of that gateway runs under the replica's
+weights guard: it takes the trainer's latest pushed weights first, and each call records the
+version that generated it on its turn (``Trajectory.turn_versions``) and shows it to the agent
+program as the response's ``system_fingerprint`` (``agent-r1-policy-v{N}``). Episodes are
+admitted batch by batch by the staleness gate, so an episode starts on weights at most
+``rollout.max_staleness`` updates behind the update that trains it; a push in the middle of an
+episode reaches its next call. The session's own gateway stays for evaluation.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ __all__ = [
     "served_model_name",
     "take_gateway_metrics",
     "tool_call_format",
+    "training_gateway",
 ]
 
 GATEWAY_METRICS: dict[str, str] = {
@@ -82,16 +93,17 @@ def tool_call_format(spec: ComponentSpec | None, registry: Any) -> Any:
         raise ConfigError(f"{where}.name: {exc}", path=f"{where}.name") from None
 
 
-def gateway_for(session: Any) -> PolicyGateway:
-    """The session's policy gateway, started on first use over the session's backend."""
-    gateway: PolicyGateway | None = getattr(session, "gateway", None)
-    if gateway is not None:
-        return gateway
+def training_gateway(
+    session: Any, backend: Any, *, weights: Any = None, port: int | None = None
+) -> PolicyGateway:
+    """A started training gateway over ``backend`` with the run's ``rollout.gateway`` settings
+    (taking calls during rollouts only); ``weights``: the guard of ``backend``'s weights
+    (asynchronous rollouts), ``port``: another port than ``rollout.gateway.port`` (0: a free one)."""
     config = session.config
     settings = config.rollout.gateway
     fmt = tool_call_format(settings.tool_call_format, session.registry)
     gateway = PolicyGateway(
-        session.backend,
+        backend,
         session.tokenizer,
         fmt,
         GatewaySettings(
@@ -103,15 +115,24 @@ def gateway_for(session: Any) -> PolicyGateway:
             open_on_demand=False,
             structured_output=settings.structured_output,
         ),
+        weights=weights,
     )
-    gateway.start(settings.host, settings.port)
-    session.gateway = gateway
+    gateway.start(settings.host, settings.port if port is None else port)
     return gateway
 
 
-def take_gateway_metrics(session: Any) -> dict[str, float]:
-    """The gateway figures (``gateway/...``) of the rollouts since the previous call, then reset."""
+def gateway_for(session: Any) -> PolicyGateway:
+    """The session's policy gateway, started on first use over the session's backend."""
     gateway: PolicyGateway | None = getattr(session, "gateway", None)
+    if gateway is None:
+        gateway = session.gateway = training_gateway(session, session.backend)
+    return gateway
+
+
+def take_gateway_metrics(session: Any, gateway: PolicyGateway | None = None) -> dict[str, float]:
+    """The gateway figures (``gateway/...``) of the rollouts since the previous call, then reset:
+    those of ``gateway``, by default the session's."""
+    gateway = gateway if gateway is not None else getattr(session, "gateway", None)
     if gateway is None:
         return {}
     figures = dict(gateway.step_figures)
@@ -123,12 +144,15 @@ def take_gateway_metrics(session: Any) -> dict[str, float]:
     return figures
 
 
-def gateway_rollout(session: Any, request: RolloutRequest) -> list[Trajectory]:
+def gateway_rollout(
+    session: Any, request: RolloutRequest, *, gateway: PolicyGateway | None = None
+) -> list[Trajectory]:
     """Roll out the tasks of ``request`` (each ``group_size`` times) with the agent program (see the
-    module docstring); trajectories come back task by task, sample by sample, segments in order.
-    The agent program picks its own actions: a ``decoding`` other than plain sampling is refused
-    when the config is validated; ``policy_version`` is the session's step."""
-    gateway = gateway_for(session)
+    module docstring) through ``gateway`` (by default the session's); trajectories come back task
+    by task, sample by sample, segments in order. The agent program picks its own actions: a
+    ``decoding`` other than plain sampling is refused when the config is validated. The episodes'
+    ``policy_version`` is the request's; under a weights guard each call also records its own."""
+    gateway = gateway if gateway is not None else gateway_for(session)
     rollout = session.config.rollout
     episodes = []
     for task, group, sample in group_samples(request.tasks, request.group_size, request.salt):
@@ -137,7 +161,7 @@ def gateway_rollout(session: Any, request: RolloutRequest) -> list[Trajectory]:
             trajectory_id=f"{group}/{sample}",
             group_id=group,
             sample_index=sample,
-            policy_version=session.step,
+            policy_version=request.policy_version,
         )
         episodes.append((episode, task))
     assert gateway.url is not None
@@ -184,21 +208,52 @@ def gateway_rollout(session: Any, request: RolloutRequest) -> list[Trajectory]:
 class GatewaySource:
     """The ``gateway`` rollout source (:class:`~agent_r1.engine.source.RolloutSource`): episodes of
     the user's agent program, served by the session's policy gateway (started on the first
-    rollout, stopped by :meth:`close`). Pass the class itself as ``build_session(source=...)``."""
+    rollout, stopped by :meth:`close`). Pass the class itself as ``build_session(source=...)``.
+
+    ``gateway``: a gateway of the source's own instead of the session's (what :meth:`async_copy`
+    builds), stopped by :meth:`close` too."""
 
     name = "gateway"
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, *, gateway: PolicyGateway | None = None) -> None:
         self.session = session
+        self.own_gateway = gateway
+        self._copies: list[GatewaySource] = []
+        self._closed = False
 
     def rollout(self, request: RolloutRequest) -> list[Trajectory]:
-        """:func:`gateway_rollout`."""
-        return gateway_rollout(self.session, request)
+        """:func:`gateway_rollout` (through the source's own gateway when it has one)."""
+        if self.own_gateway is None:
+            return gateway_rollout(self.session, request)
+        if self._closed:
+            raise AgentR1Error(
+                "the asynchronous rollouts' gateway source was closed (the session is closing); it "
+                "rolls out nothing more"
+            )
+        return gateway_rollout(self.session, request, gateway=self.own_gateway)
+
+    def async_copy(self, backend: Any, weights: Any) -> GatewaySource:
+        """This source for asynchronous rollouts (see the module docstring): a gateway of its own
+        on a free port over ``backend`` (the rollout replica), generating under ``weights`` (its
+        guard: :meth:`~agent_r1.contracts.RolloutBackend.async_replica`). Closing this source
+        closes the copy too."""
+        gateway = training_gateway(self.session, backend, weights=weights, port=0)
+        copy_ = GatewaySource(self.session, gateway=gateway)
+        self._copies.append(copy_)
+        return copy_
 
     def step_metrics(self) -> dict[str, float]:
-        return take_gateway_metrics(self.session)
+        return take_gateway_metrics(self.session, self.own_gateway)
 
     def close(self) -> None:
+        """Stop the source's gateway and those of its copies (idempotent)."""
+        for copy_ in self._copies:
+            copy_.close()
+        self._copies.clear()
+        if self.own_gateway is not None:
+            self._closed = True
+            self.own_gateway.stop()
+            return
         gateway = getattr(self.session, "gateway", None)
         if gateway is not None:
             gateway.stop()

@@ -700,11 +700,32 @@ def _check_distributed(report: PreflightReport, ctx: _Context) -> None:
             "configuration for DDP (docs/gpu.md, 'Sharded training')"
         )
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if ctx.config.rollout.mode == "async" and world > 1:
+    rollout = ctx.config.rollout
+    if rollout.mode == "async" and rollout.async_worker == "ranks":
+        rollers = world - 1
+        if world < 2 or (rollout.rollout_processes not in (None, rollers)):
+            wanted = 2 if rollout.rollout_processes is None else rollout.rollout_processes + 1
+            raise AgentR1Error(
+                f"rollout.async_worker ranks trains on one process and rolls out on the others, but {world} "
+                f"process(es) were launched: launch {wanted} (torchrun --nproc_per_node {wanted} -m "
+                "agent_r1.cli train run.yaml ...), or use rollout.async_worker: thread or process"
+            )
+        if rollers > 1 and ctx.config.algorithm.dynamic_sampling:
+            raise AgentR1Error(
+                f"{rollers} rollout processes share out the batches in task-stream order, which dynamic "
+                "sampling's refills make unpredictable: launch one rollout process (2 in all), or set "
+                "algorithm.dynamic_sampling: false"
+            )
+        report.add(
+            "distributed", "ok", f"rank 0 trains, {rollers} process(es) roll out (rollout.async_worker ranks)"
+        )
+        return
+    if rollout.mode == "async" and world > 1:
         raise AgentR1Error(
             f"rollout.mode async runs beside one training process in this version, but {world} were "
             "launched: start one process (rollout.async_worker: process gives the rollouts their own), "
-            "or use rollout.mode: sync"
+            "set rollout.async_worker: ranks (rank 0 trains, the others roll out), or use rollout.mode: "
+            "sync"
         )
     if sharding == "fsdp2":
         split = "nothing to split on one process" if world == 1 else f"each holds 1/{world}"

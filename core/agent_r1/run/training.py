@@ -52,15 +52,21 @@ def train(
     allow_config_change: bool = False,
 ) -> dict[str, Any]:
     """Train as configured; returns the final summary (metrics, before/after eval)."""
+    from agent_r1.engine.asynchrony.ranks import launch_role, rollout_rank_main
     from agent_r1.engine.session import build_session
 
     config, components = prepare(config_path, overrides)
+    role = launch_role(config)  # rollout.async_worker ranks: rank 0 trains, the others roll out
+    if role is not None and not role.trains:
+        rollout_rank_main(config, components, role)
+        return {"role": "rollout", "rank": role.rank}
     run_dir = expand_output_dir(config.output_dir, resume=resume)
     config.output_dir = str(run_dir)
     plain = resolved_dict(config, components)
     check_run_dir(run_dir, plain, resume=resume, allow_config_change=allow_config_change)
     started = time.perf_counter()
     session = build_session(config, components, run_dir, source=rollout_source(config))
+    session.launch_role = role
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:

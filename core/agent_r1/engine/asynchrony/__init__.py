@@ -19,6 +19,9 @@ Read top to bottom:
    backend over the rollout copy, and hands each to the trainer through a queue, with the
    figures of the ``async/`` metrics.
 
+The rollouts on other processes of a launch (``rollout.async_worker: ranks``) are in
+:mod:`agent_r1.engine.asynchrony.ranks`.
+
 The trainer corrects for the lag with the existing rollout correction: its importance weights
 compare the rollout's log-probabilities (the behaviour policy) with those of the weights at the
 start of the update (the proximal policy), which is the decoupled PPO objective of AReaL
@@ -27,7 +30,6 @@ start of the update (the proximal policy), which is the decoupled PPO objective 
 
 from __future__ import annotations
 
-import copy
 import queue
 import threading
 import time
@@ -43,8 +45,11 @@ __all__ = [
     "AsyncRollouts",
     "ProcessRollouts",
     "RolloutWeights",
+    "RolloutsClosed",
     "SharedWeights",
     "StalenessGate",
+    "async_source",
+    "rollout_replica",
     "staleness_metrics",
 ]
 
@@ -83,6 +88,14 @@ class StalenessGate:
             self._closed = True
             self._condition.notify_all()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class RolloutsClosed(Exception):
+    """Raised inside a rollout whose producer was closed (it ends the batch in progress)."""
+
 
 class RolloutWeights:
     """The rollout copy of the policy, its version, and the trainer's pushes (see the module
@@ -91,9 +104,14 @@ class RolloutWeights:
     def __init__(self, model: torch.nn.Module, version: int) -> None:
         self.model = model
         self.version = version
+        self.stopped = False
+        """Set by :meth:`stop`: the next backend call raises :class:`RolloutsClosed`."""
         self._staged: dict[str, torch.Tensor] | None = None
         self._staged_version: int | None = None
         self._lock = threading.Lock()
+        """Guards the staged push: a push waits at most for a load, never for a backend call."""
+        self._calls = threading.Lock()
+        """Backend calls take turns (several lanes share the one copy of the weights)."""
         self.push_s = 0.0
         self.pushes = 0
         self.applied = 0
@@ -113,17 +131,23 @@ class RolloutWeights:
         self.push_s += time.perf_counter() - started
         self.pushes += 1
 
+    def stop(self) -> None:
+        """End the rollouts in progress at their next backend call (the producer is closing)."""
+        self.stopped = True
+
     @contextmanager
     def generating(self, swap: bool = True) -> Iterator[int]:
         """Hold the weights for one backend call; with ``swap``, apply a staged push first.
         Yields the version the call runs with."""
-        with self._lock:
+        if self.stopped:
+            raise RolloutsClosed("the asynchronous rollouts were closed")
+        with self._calls:
             if swap and self._staged_version is not None:
-                assert self._staged is not None
-                with torch.no_grad():
+                with self._lock, torch.no_grad():
+                    assert self._staged is not None
                     self.model.load_state_dict(self._staged)
-                self.version, self._staged_version = self._staged_version, None
-                self.applied += 1
+                    self.version, self._staged_version = self._staged_version, None
+                    self.applied += 1
             yield self.version
 
 
@@ -197,98 +221,212 @@ def _with_metrics(
     )
 
 
-class AsyncRollouts:
-    """The producer thread of ``rollout.mode: async`` for one session (see the module docstring).
+def rollout_replica(backend: Any, version: int) -> tuple[Any, Any]:
+    """``backend.async_replica(version)``: the backend the rollouts generate with and the guard of
+    its weights; a clear error for a backend without one."""
+    replica = getattr(backend, "async_replica", None)
+    if replica is None:
+        from agent_r1.errors import AgentR1Error
 
-    ``produce(batch, source, version_of)`` collects the batch for update ``batch``; the default is
-    :func:`~agent_r1.engine.collect.collect` on the rollout copy. :meth:`take` hands the trainer the
-    batch of the update it is about to run; :meth:`pushed` records that an update finished."""
+        raise AgentR1Error(
+            f"rollout backend {getattr(backend, 'name', type(backend).__name__)!r} has no async_replica(): "
+            "it cannot run rollout.mode async; use rollout.mode: sync, or the 'hf' or 'vllm' backend"
+        )
+    return replica(version)  # type: ignore[no-any-return]
+
+
+def async_source(source: Any, backend: Any, weights: Any) -> Any:
+    """The session's rollout source over the rollouts' ``backend`` and weights guard (its
+    ``async_copy``)."""
+    copy_ = getattr(source, "async_copy", None)
+    if copy_ is None:
+        from agent_r1.errors import AgentR1Error
+
+        raise AgentR1Error(
+            f"rollout source {getattr(source, 'name', type(source).__name__)!r} has no async_copy(): it "
+            "cannot run rollout.mode async; use rollout.mode: sync"
+        )
+    return copy_(backend, weights)
+
+
+class AsyncRollouts:
+    """The producer of ``rollout.mode: async`` for one session (see the module docstring).
+
+    ``produce(batch, lane, tasks)`` collects the batch for update ``batch`` on lane ``lane`` (the
+    default: :func:`~agent_r1.engine.collect.collect` on that lane's source), with ``tasks``
+    already drawn when several batches run at once (None: the batch draws its own). Up to
+    ``lanes`` batches run at once, each on a lane of its own (its own source and backend over the
+    one rollout copy of the weights, backend calls taking turns), so that the next batch starts
+    while the slow episodes of the previous one finish; the capacity rule still decides when each
+    batch may start. :meth:`take` hands the trainer the batch of the update it is about to run;
+    :meth:`pushed` records that an update finished."""
 
     def __init__(
         self,
         session: Any,
         *,
-        produce: Callable[[int], Batch] | None = None,
+        produce: Callable[[int, int, Any], Batch] | None = None,
         steps: int | None = None,
+        lanes: int | None = None,
     ) -> None:
         config = session.config
         self.session = session
         self.max_staleness = config.rollout.max_staleness
         self.steps = config.trainer.steps if steps is None else steps
         self.gate = StalenessGate(self.max_staleness, version=session.step)
-        self.weights: RolloutWeights | None = None
+        self.weights: Any = None
+        """The guard of the rollout backend's weights: ``push``, ``generating``, ``version``."""
         self.source: Any = None
+        self.backend: Any = None
+        self._lanes: list[tuple[Any, Any]] = []
+        """Each lane's (source, backend)."""
         if produce is None:
-            self._build_rollout_copy()
+            self._build_rollout_copy(lanes)
             produce = self._collect
+        else:
+            self._lanes = [(None, None)] * (lanes or 1)
         self._produce = produce
-        self._queue: queue.Queue[tuple[int, Batch | BaseException, float]] = queue.Queue()
+        self._results: dict[int, tuple[Batch | BaseException, float]] = {}
+        self._arrived = threading.Condition()
+        self._failed = False
         self._positions: dict[int, Any] = {}
         """The task stream's state before each batch's tasks were drawn (checkpoints)."""
+        self._running = 0
+        self._idle_since: float | None = time.perf_counter()
         self._idle_s = 0.0
-        self._busy_s = 0.0
         self._started = time.perf_counter()
+        self._workers: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="agent-r1-rollouts", daemon=True)
         self._thread.start()
 
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
     # -- the rollout side ---------------------------------------------------------------------
-    def _build_rollout_copy(self) -> None:
-        from agent_r1.engine.source import EngineSource
-
+    def _build_rollout_copy(self, lanes: int | None) -> None:
+        """The rollout side: the backend's replica (:meth:`~agent_r1.contracts.RolloutBackend.async_replica`:
+        a backend to generate with and the guard of its weights), the session's source over it
+        (its ``async_copy``), and the further lanes (``lane()`` of the replica: a backend of its
+        own over the same weights) when batches may run at once."""
         session = self.session
-        model = copy.deepcopy(session.unwrapped).eval().requires_grad_(False)
-        self.weights = RolloutWeights(model, session.step)
-        backend = type(session.backend)(session.backend.config, model=model, tokenizer=session.tokenizer)
-        self.source = EngineSource(session, backend=backend)
-        self.source.engine.weights = self.weights
+        backend, self.weights = rollout_replica(session.backend, session.step)
+        self.backend = backend
+        self.source = async_source(session.source, backend, self.weights)
+        self._lanes = [(self.source, backend)]
+        for _ in range(self._lane_count(backend, lanes) - 1):
+            other = backend.lane()
+            self._lanes.append((async_source(session.source, other, self.weights), other))
 
-    def _collect(self, batch: int) -> Batch:
+    def _lane_count(self, backend: Any, wanted: int | None) -> int:
+        """How many batches may run at once: ``rollout.async_batches`` (default: as many as the
+        staleness bound lets start, ``max_staleness + 1``); one when the backend has no lanes, the
+        source is not agent-r1's own loop, or dynamic sampling draws an unknown number of tasks."""
+        config = self.session.config
+        if wanted is None:
+            wanted = config.rollout.async_batches or self.max_staleness + 1
+        wanted = min(wanted, self.max_staleness + 1)
+        engine = getattr(self.session.source, "name", "") == "engine"
+        if wanted > 1 and hasattr(backend, "lane") and engine and not config.algorithm.dynamic_sampling:
+            return wanted
+        return 1
+
+    def _collect(self, batch: int, lane: int, tasks: Any) -> Batch:
         from agent_r1.engine.collect import collect
 
-        assert self.weights is not None
+        source, backend = self._lanes[lane]
         trajectories, failed, metrics = collect(
-            self.session, batch, source=self.source, version=self.weights.version
+            self.session, batch, source=source, version=self.weights.version, tasks=tasks
         )
-        metrics.update(self.source.engine.backend.step_metrics())  # this batch's prefill figures
+        metrics.update(backend.step_metrics())  # this batch's prefill figures
+        metrics["async/lanes"] = float(self.lanes)
         return trajectories, failed, metrics
 
     def _run(self) -> None:
         batch = self.session.step
         self._positions[batch] = self._stream_state()
-        while batch < self.steps:
+        free: queue.Queue[int] = queue.Queue()
+        for lane in range(self.lanes):
+            free.put(lane)
+        while batch < self.steps and not self._failed:
             try:
-                self._idle_s += self.gate.admit(batch)
+                self.gate.admit(batch)
             except RuntimeError:  # closed
                 return
-            started = time.perf_counter()
-            try:
-                result: Batch | BaseException = self._produce(batch)
-            except BaseException as exc:  # handed to the trainer, which raises it
-                result = exc
-            self._busy_s += time.perf_counter() - started
-            self._positions[batch + 1] = self._stream_state()  # before the trainer can see batch
-            self._queue.put((batch, result, time.perf_counter()))
-            if isinstance(result, BaseException):
+            lane = free.get()
+            if self._failed or self.gate.closed:
                 return
+            self._begin()
+            if self.lanes == 1:  # one batch at a time: it draws its own tasks (dynamic sampling too)
+                self._produce_one(batch, lane, None, free)
+                self._positions[batch + 1] = self._stream_state()
+            else:  # drawn here, in order, then rolled out beside the batches in progress
+                tasks = self._draw()
+                self._positions[batch + 1] = self._stream_state()
+                worker = threading.Thread(
+                    target=self._produce_one,
+                    args=(batch, lane, tasks, free),
+                    name=f"agent-r1-lane-{lane}",
+                    daemon=True,
+                )
+                self._workers.append(worker)
+                worker.start()
             batch += 1
+
+    def _draw(self) -> Any:
+        from agent_r1.engine.collect import my_tasks
+
+        return my_tasks(self.session) if self.session.stream is not None else None
+
+    def _begin(self) -> None:
+        with self._arrived:
+            if self._running == 0 and self._idle_since is not None:
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            self._running += 1
+
+    def _produce_one(self, batch: int, lane: int, tasks: Any, free: queue.Queue[int]) -> None:
+        try:
+            result: Batch | BaseException = self._produce(batch, lane, tasks)
+        except BaseException as exc:  # handed to the trainer, which raises it
+            result = exc
+        with self._arrived:
+            self._results[batch] = (result, time.perf_counter())
+            self._failed = self._failed or isinstance(result, BaseException)
+            self._running -= 1
+            if self._running == 0:
+                self._idle_since = time.perf_counter()
+            self._arrived.notify_all()
+        free.put(lane)
 
     # -- the trainer side ---------------------------------------------------------------------
     def take(self, update: int) -> Batch:
         """The batch for ``update`` (blocks until it is there), with the ``async/`` metrics."""
-
-        def stopped() -> str | None:
-            return None if self._thread.is_alive() else "the rollout thread stopped"
-
-        result, finished, waited = _receive(self._queue, update, stopped)
+        started = time.perf_counter()
+        with self._arrived:
+            while update not in self._results:
+                failed = next((r for r, _ in self._results.values() if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    raise failed
+                if not self._thread.is_alive() and self._running == 0:
+                    raise RuntimeError(f"the rollout thread stopped without a batch for update {update}")
+                self._arrived.wait(timeout=1.0)
+            result, finished = self._results.pop(update)
+            queued = len(self._results)
+            idle = self._idle_s + (time.perf_counter() - self._idle_since if self._idle_since else 0.0)
+            self._idle_s = 0.0
+            if self._idle_since is not None:
+                self._idle_since = time.perf_counter()
+        if isinstance(result, BaseException):
+            raise result
+        waited = time.perf_counter() - started
         wall = max(time.perf_counter() - self._started, 1e-9)
         push_s = self.weights.push_s if self.weights is not None else 0.0
         if self.weights is not None:
             self.weights.push_s = 0.0
         extra = {"async/batch_age_s": time.perf_counter() - finished}
-        out = _with_metrics(
-            result, update, self.max_staleness, waited, self._queue.qsize(), self._idle_s / wall, push_s
-        )
-        self._idle_s, self._started = 0.0, time.perf_counter()
+        out = _with_metrics(result, update, self.max_staleness, waited, queued, idle / wall, push_s)
+        self._started = time.perf_counter()
         return out[0], out[1], {**out[2], **extra}
 
     def stream_state(self, update: int) -> Any:
@@ -308,11 +446,20 @@ class AsyncRollouts:
             self.weights.push(model, version)
         self.gate.advance(version)
 
-    def close(self) -> None:
-        """Stop producing (a batch in progress finishes in the background thread, which is a
-        daemon: it does not keep the process alive)."""
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop producing: batches in progress end at their next backend call (their environments
+        closed), the threads are joined, and the lanes' sources released (e.g. the gateway
+        source's own gateway)."""
         self.gate.close()
-        self._thread.join(timeout=0.1)
+        stop = getattr(self.weights, "stop", None)
+        if stop is not None:
+            stop()
+        deadline = time.monotonic() + timeout_s
+        for thread in [self._thread, *self._workers]:
+            thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+        for source, _ in self._lanes:
+            if source is not None:
+                source.close()
 
 
 # --------------------------------------------------------------------------------------------
