@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,40 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_helpers import toy_config, write_config
-
-from agent_r1.testing.plugins import write_plugin_distribution
+from trainer_helpers import process_tree, torchrun, toy_config, write_config, write_toy_plugin
 
 pytestmark = pytest.mark.slow
 TIMING = ("time/", "perf/", "memory/", "async/", "backend/")  # the machine's figures, not results
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-PACING = """
-import os, time
-from agent_r1 import hookimpl
-
-@hookimpl
-def on_update_end(step, metrics):
-    time.sleep(float(os.environ.get("TOY_STEP_DELAY", "0")))
-"""
-
-
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = tmp_path_factory.mktemp("plugin")
-    write_plugin_distribution(
-        where,
-        "agent-r1-toy-plugin",
-        files={"agent_r1_toy_pace.py": PACING},
-        entry_points={"toy": "agent_r1.testing.toy", "toy_pace": "agent_r1_toy_pace"},
-    )
-    return where
+    return write_toy_plugin(tmp_path_factory.mktemp("plugin"))
 
 
 def _config(model_dir: Path, tmp_path: Path, name: str, checkpoint_every: int = 0, **rollout: Any) -> Path:
@@ -81,17 +55,8 @@ def _command(config: Path, plugin: Path, nproc: int, *extra: str, delay: float =
         "AGENT_R1_STRICT_PLUGINS": "1",
         "TOY_STEP_DELAY": str(delay),
     }
-    command = [sys.executable, "-m", "agent_r1.cli", "train", str(config), *extra]
-    if nproc:
-        command[1:2] = [
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}",
-            "-m",
-        ]
-    return {"args": command, "env": env}
+    command = ["-m", "agent_r1.cli", "train", str(config), *extra]
+    return {"args": torchrun(nproc, *command) if nproc else [sys.executable, *command], "env": env}
 
 
 def _train(config: Path, plugin: Path, nproc: int, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -111,8 +76,6 @@ def _results(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _kill_after_checkpoint(config: Path, plugin: Path, run_dir: Path, step: int) -> None:
     """Start the launch, and SIGKILL the launcher and every process under it once the checkpoint
     of ``step`` is there."""
-    import psutil
-
     victim = subprocess.Popen(
         **_command(config, plugin, 2, delay=0.5), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -122,7 +85,7 @@ def _kill_after_checkpoint(config: Path, plugin: Path, run_dir: Path, step: int)
         assert victim.poll() is None, victim.communicate()[0][-3000:]
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    for pid in [child.pid for child in psutil.Process(victim.pid).children(recursive=True)] + [victim.pid]:
+    for pid in process_tree(victim.pid):
         os.kill(pid, signal.SIGKILL)
     victim.communicate(timeout=60)
     assert not (run_dir / "summary.json").exists(), "the run finished before it was killed"

@@ -14,32 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
+from trainer_helpers import toy_config, write_config, write_tiny_checkpoint, write_toy_plugin
 
 from agent_r1.engine.artifacts import checkpoint as ckpt
-from agent_r1.testing.plugins import write_plugin_distribution
 
 TIMING = ("time/", "perf/", "memory/")  # measurements of the machine, not results
-SLOW_OBSERVER = """
-import os, time
-from agent_r1 import hookimpl
-
-@hookimpl
-def on_update_end(step, metrics):
-    # Paces the run so that the kill lands mid-run whatever the machine's speed.
-    time.sleep(float(os.environ.get("TOY_STEP_DELAY", "0")))
-"""
-
-
-def _toy_plugin_dir(root: Path) -> Path:
-    """A distribution whose entry point is the toy plugin, so that a subprocess discovers it."""
-    write_plugin_distribution(
-        root,
-        "agent-r1-toy-plugin",
-        files={"agent_r1_toy_entry.py": SLOW_OBSERVER},
-        entry_points={"toy": "agent_r1.testing.toy", "toy_pace": "agent_r1_toy_entry"},
-    )
-    return root
 
 
 def _train(config_path: Path, plugin_dir: Path, *extra: str, delay: float = 0.0) -> subprocess.Popen[bytes]:
@@ -61,7 +40,7 @@ def _metrics(run_dir: Path) -> list[dict[str, float]]:
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     model_dir = write_tiny_checkpoint(tmp_path / "model")
-    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    plugin_dir = write_toy_plugin(tmp_path / "plugin")
     steps = 6
     common = {
         "trainer": {
@@ -207,7 +186,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path: Path)
     """SIGTERM mid-run: the step in progress finishes, a checkpoint is written, the run says so
     and exits 143; --resume then ends exactly where an uninterrupted run ends."""
     model_dir = write_tiny_checkpoint(tmp_path / "model")
-    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    plugin_dir = write_toy_plugin(tmp_path / "plugin")
     trainer = {"steps": 5, "tasks_per_step": 2, "micro_batch_size": 4, "lr": 3e-3, "checkpoint_every": 0}
     reference_dir = tmp_path / "reference"
     reference_cfg = write_config(tmp_path / "ref.yaml", toy_config(model_dir, reference_dir, trainer=trainer))
@@ -244,7 +223,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(tmp_path: Path)
 @pytest.mark.slow
 def test_a_second_sigint_stops_at_once(tmp_path: Path) -> None:
     model_dir = write_tiny_checkpoint(tmp_path / "model")
-    plugin_dir = _toy_plugin_dir(tmp_path / "plugin")
+    plugin_dir = write_toy_plugin(tmp_path / "plugin")
     trainer = {"steps": 50, "tasks_per_step": 2, "micro_batch_size": 4, "checkpoint_every": 0}
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "run.yaml", toy_config(model_dir, run_dir, trainer=trainer))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,9 +25,15 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_helpers import toy_config, write_config, write_tiny_checkpoint
-
-from agent_r1.testing.plugins import write_plugin_distribution
+from trainer_helpers import (
+    free_port,
+    process_tree,
+    torchrun,
+    toy_config,
+    write_config,
+    write_tiny_checkpoint,
+    write_toy_plugin,
+)
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 TOLERANCE = {"rel": 1e-4, "abs": 1e-6}
@@ -36,26 +41,8 @@ WEIGHT_ATOL = 2e-5
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def _torchrun(nproc: int, *args: str, port: int | None = None) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={port or _free_port()}",
-        *args,
-    ]
 
 
 def _work(
@@ -63,7 +50,7 @@ def _work(
 ) -> subprocess.CompletedProcess[str]:
     """Run the worker on ``nproc`` processes (0: plainly, without a launcher)."""
     args = [str(WORKER), str(model_dir), str(out), scenario, mode, *extra]
-    command = [sys.executable, *args] if nproc == 0 else _torchrun(nproc, *args)
+    command = [sys.executable, *args] if nproc == 0 else torchrun(nproc, *args)
     result = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=600)
     if check:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -147,7 +134,7 @@ def test_two_nodes_joined_by_a_rendezvous_train_like_one(
 ) -> None:
     """``torchrun --nnodes 2`` twice on this machine (one process each), meeting at a c10d
     rendezvous on 127.0.0.1: what two machines would run."""
-    port = _free_port()
+    port = free_port()
     args = [str(WORKER), str(model_dir), str(tmp_path / "nodes"), "grpo", "fsdp2"]
     nodes = [
         subprocess.Popen(
@@ -231,27 +218,12 @@ def test_a_checkpoint_continues_on_another_number_of_processes(
 # --------------------------------------------------------------------------------------------
 
 TIMING = ("time/", "perf/", "memory/")  # measurements of the machine, not results
-PACING = """
-import os, time
-from agent_r1 import hookimpl
-
-@hookimpl
-def on_update_end(step, metrics):
-    time.sleep(float(os.environ.get("TOY_STEP_DELAY", "0")))
-"""
 
 
 def _train(config: Path, plugin: Path, *extra: str, delay: float = 0.0) -> subprocess.Popen[str]:
     env = {**_env(), "PYTHONPATH": str(plugin), "AGENT_R1_STRICT_PLUGINS": "1", "TOY_STEP_DELAY": str(delay)}
-    command = _torchrun(2, "-m", "agent_r1.cli", "train", str(config), *extra)
+    command = torchrun(2, "-m", "agent_r1.cli", "train", str(config), *extra)
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (torchrun starts its workers in sessions of their own)."""
-    import psutil
-
-    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
 
 
 def _finish(process: subprocess.Popen[str]) -> None:
@@ -273,13 +245,7 @@ def _same_metrics(expected: list[dict[str, float]], got: list[dict[str, float]])
 
 
 def test_sharded_cli_run_matches_ddp_survives_sigkill_and_exports(model_dir: Path, tmp_path: Path) -> None:
-    plugin = tmp_path / "plugin"
-    write_plugin_distribution(
-        plugin,
-        "agent-r1-toy-plugin",
-        files={"agent_r1_toy_pace.py": PACING},
-        entry_points={"toy": "agent_r1.testing.toy", "toy_pace": "agent_r1_toy_pace"},
-    )
+    plugin = write_toy_plugin(tmp_path / "plugin")
 
     def config(name: str, sharding: str) -> Path:
         trainer = {"steps": 3, "tasks_per_step": 2, "micro_batch_size": 2, "lr": 3e-3, "checkpoint_every": 1}
@@ -300,7 +266,7 @@ def test_sharded_cli_run_matches_ddp_survives_sigkill_and_exports(model_dir: Pat
         assert victim.poll() is None, victim.communicate()[0][-3000:]
         assert time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    for pid in [*_descendants(victim.pid), victim.pid]:  # both workers and the launcher, at once
+    for pid in process_tree(victim.pid):  # both workers and the launcher, at once
         os.kill(pid, signal.SIGKILL)
     victim.communicate(timeout=60)
     assert not (tmp_path / "killed" / "summary.json").exists(), "the run finished before it was killed"

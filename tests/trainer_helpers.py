@@ -3,6 +3,8 @@ and a run config for the toy task."""
 
 from __future__ import annotations
 
+import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,7 @@ import torch
 import yaml
 
 from agent_r1.mdp import RewardSignal, TokenSource, Trajectory
+from agent_r1.testing.plugins import write_plugin_distribution
 from agent_r1.testing.pytest_plugin import toy_registry, write_tiny_checkpoint
 
 __all__ = [
@@ -82,3 +85,57 @@ def fixed_trajectories(tokenizer: Any, count: int = 8, shared_prompt: int = 0) -
         trajectory.rewards.append(RewardSignal(name="step", value=0.1 * (i % 2), kind="process", turn=0))
         out.append(trajectory)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Runs in subprocesses (the CLI, torchrun launches)
+# --------------------------------------------------------------------------------------------
+
+PACING = """
+import os, time
+from agent_r1 import hookimpl
+
+@hookimpl
+def on_update_end(step, metrics):
+    # Paces the run so that a kill lands mid-run whatever the machine's speed.
+    time.sleep(float(os.environ.get("TOY_STEP_DELAY", "0")))
+"""
+
+
+def write_toy_plugin(root: Path) -> Path:
+    """A distribution in ``root`` (put it on ``PYTHONPATH``) whose entry points are the toy plugin
+    and a pacing observer (each update sleeps ``TOY_STEP_DELAY`` seconds), so that a subprocess
+    discovers both."""
+    write_plugin_distribution(
+        root,
+        "agent-r1-toy-plugin",
+        files={"agent_r1_toy_pace.py": PACING},
+        entry_points={"toy": "agent_r1.testing.toy", "toy_pace": "agent_r1_toy_pace"},
+    )
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun(nproc: int, *args: str, port: int | None = None) -> list[str]:
+    """The command that runs ``args`` on ``nproc`` local processes with torchrun."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port or free_port()}",
+        *args,
+    ]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (torchrun starts its workers in sessions of their own)."""
+    import psutil
+
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)] + [pid]

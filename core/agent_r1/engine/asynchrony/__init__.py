@@ -49,6 +49,7 @@ __all__ = [
     "SharedWeights",
     "StalenessGate",
     "async_source",
+    "rollout_lanes",
     "rollout_replica",
     "staleness_metrics",
 ]
@@ -249,6 +250,28 @@ def async_source(source: Any, backend: Any, weights: Any) -> Any:
     return copy_(backend, weights)
 
 
+def rollout_lanes(
+    session: Any, source: Any, backend: Any, weights: Any, wanted: int | None = None
+) -> list[tuple[Any, Any]]:
+    """The (source, backend) pairs the rollouts run batches on at once: ``(source, backend)``,
+    then one more per further batch, each a ``lane()`` of ``backend`` (a backend of its own over
+    the same weights, calls taking turns under ``weights``). As many as ``wanted``, by default
+    ``rollout.async_batches`` or ``max_staleness + 1`` (the most the staleness bound lets start),
+    never more than that; one when the backend has no lanes, the session's source is not
+    agent-r1's own loop, or dynamic sampling draws an unknown number of tasks per batch."""
+    config = session.config
+    most = config.rollout.max_staleness + 1
+    count = min(wanted or config.rollout.async_batches or most, most)
+    engine = getattr(session.source, "name", "") == "engine"
+    if not hasattr(backend, "lane") or not engine or config.algorithm.dynamic_sampling:
+        count = 1
+    lanes = [(source, backend)]
+    for _ in range(count - 1):
+        other = backend.lane()
+        lanes.append((async_source(session.source, other, weights), other))
+    return lanes
+
+
 class AsyncRollouts:
     """The producer of ``rollout.mode: async`` for one session (see the module docstring).
 
@@ -307,29 +330,12 @@ class AsyncRollouts:
     def _build_rollout_copy(self, lanes: int | None) -> None:
         """The rollout side: the backend's replica (:meth:`~agent_r1.contracts.RolloutBackend.async_replica`:
         a backend to generate with and the guard of its weights), the session's source over it
-        (its ``async_copy``), and the further lanes (``lane()`` of the replica: a backend of its
-        own over the same weights) when batches may run at once."""
+        (its ``async_copy``), and its lanes (:func:`rollout_lanes`)."""
         session = self.session
         backend, self.weights = rollout_replica(session.backend, session.step)
         self.backend = backend
         self.source = async_source(session.source, backend, self.weights)
-        self._lanes = [(self.source, backend)]
-        for _ in range(self._lane_count(backend, lanes) - 1):
-            other = backend.lane()
-            self._lanes.append((async_source(session.source, other, self.weights), other))
-
-    def _lane_count(self, backend: Any, wanted: int | None) -> int:
-        """How many batches may run at once: ``rollout.async_batches`` (default: as many as the
-        staleness bound lets start, ``max_staleness + 1``); one when the backend has no lanes, the
-        source is not agent-r1's own loop, or dynamic sampling draws an unknown number of tasks."""
-        config = self.session.config
-        if wanted is None:
-            wanted = config.rollout.async_batches or self.max_staleness + 1
-        wanted = min(wanted, self.max_staleness + 1)
-        engine = getattr(self.session.source, "name", "") == "engine"
-        if wanted > 1 and hasattr(backend, "lane") and engine and not config.algorithm.dynamic_sampling:
-            return wanted
-        return 1
+        self._lanes = rollout_lanes(session, self.source, backend, self.weights, lanes)
 
     def _collect(self, batch: int, lane: int, tasks: Any) -> Batch:
         from agent_r1.engine.collect import collect

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agent_r1.engine.asynchrony import Batch, RolloutsClosed, RolloutWeights, _with_metrics
+from agent_r1.engine.asynchrony import Batch, RolloutsClosed, RolloutWeights, _with_metrics, rollout_lanes
 from agent_r1.errors import AgentR1Error
 
 if TYPE_CHECKING:
@@ -172,7 +172,8 @@ class RankRollouts:
         self._positions: dict[int, Any] = {self.start: session.stream.state()}
         self._batches: dict[int, tuple[Batch, Any, float, float]] = {}
         self._errors: list[BaseException] = []
-        self._ended: set[int] = set()
+        self._ended: dict[int, str] = {}
+        """How each rollout rank said it ended."""
         self._arrived = threading.Condition()
         self._outbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self.push_s = 0.0
@@ -236,7 +237,7 @@ class RankRollouts:
                     elif kind == "error":
                         self._errors.append(RuntimeError(f"rollout rank {rank}: {payload}"))
                     else:  # end
-                        self._ended.add(rank)
+                        self._ended[rank] = str(payload)
                     self._arrived.notify_all()
                 if kind != "batch":
                     return
@@ -285,7 +286,18 @@ class RankRollouts:
         with self._arrived:
             while len(self._ended) < len(self.ranks) and not self._errors and time.monotonic() < deadline:
                 self._arrived.wait(timeout=1.0)
+            silent = [rank for rank in self.ranks if rank not in self._ended]
         self._sender.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if silent:  # the launcher stops them with this process; say so rather than wait on
+            import warnings
+
+            why = f" ({self._errors[0]})" if self._errors else f" within {timeout_s:g} s"
+            warnings.warn(
+                f"rollout rank(s) {silent} did not say they had ended{why}; the launcher stops them "
+                "when this process exits",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,12 +390,13 @@ def rollout_rank_main(config: RunConfig, components: list[ResolvedComponent], ro
         if isinstance(job, BaseException):
             raise job
         session.stream.restore(job["stream"])
+        ended = "every batch of the run rolled out"
         try:
             _roll_out_batches(session, weights, job, job["ranks"].index(role.rank), send)
             weights.wait_for(10**12)  # until the trainer says stop
-        except RolloutsClosed:
-            pass
-        send(("end", -1, None))
+        except RolloutsClosed as stop:  # the trainer's stop: it ends a batch in progress too
+            ended = str(stop)
+        send(("end", -1, ended))
     except BaseException as exc:
         import traceback
 
@@ -404,12 +417,7 @@ def _roll_out_batches(
 
     config = session.config
     eta, count = config.rollout.max_staleness, len(job["ranks"])
-    wanted = min(config.rollout.async_batches or eta + 1, eta + 1)
-    laned = hasattr(session.backend, "lane") and not config.algorithm.dynamic_sampling
-    lanes = [(session.source, session.backend)]
-    for _ in range(wanted - 1 if laned else 0):
-        other = session.backend.lane()
-        lanes.append((session.source.async_copy(other, weights), other))  # type: ignore[union-attr]
+    lanes = rollout_lanes(session, session.source, session.backend, weights)
     free: queue.Queue[int] = queue.Queue()
     for lane in range(len(lanes)):
         free.put(lane)
